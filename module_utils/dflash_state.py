@@ -1,0 +1,171 @@
+# The state layout on a target (DESIGN.md "State on a target") and the reads and writes on it
+# that several modules share: releases, the `current` link, history.jsonl, the deploy lock.
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+from collections.abc import Iterator
+
+from ansible.module_utils.dflash_release import MANIFEST_NAME, release_id_problem
+
+RELEASES = "releases"
+CURRENT = "current"
+HISTORY = "history.jsonl"
+INCOMING = ".incoming"
+LOCK = ".deploy.lock"
+TMP_PREFIX = ".tmp-"
+# Results after which a release may serve as a rollback target.
+GOOD_RESULTS = ("healthy", "deployed")
+
+
+class StateError(Exception):
+    pass
+
+
+def release_dir(root: str, release: str) -> str:
+    problem = release_id_problem(release)
+    if problem:
+        raise StateError(
+            f"release '{release}' is not a valid release id: {problem}; "
+            "use a tag name such as v1.4.0 or an id listed by verify.yml"
+        )
+    return os.path.join(root, RELEASES, release)
+
+
+def read_manifest(folder: str) -> dict | None:
+    try:
+        with open(os.path.join(folder, MANIFEST_NAME), encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def list_releases(root: str) -> list[str]:
+    """Complete releases (those with a manifest); temp folders of unfinished unpacks excluded."""
+    folder = os.path.join(root, RELEASES)
+    if not os.path.isdir(folder):
+        return []
+    return sorted(
+        name for name in os.listdir(folder)
+        if not name.startswith(".") and read_manifest(os.path.join(folder, name)) is not None
+    )
+
+
+def current_release(root: str) -> tuple[str | None, str | None]:
+    """(release, raw link text) of `current`; release is None when missing or dangling."""
+    link = os.path.join(root, CURRENT)
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return None, None
+    name = os.path.basename(os.path.normpath(target))
+    if read_manifest(os.path.join(root, RELEASES, name)) is None:
+        return None, target
+    return name, target
+
+
+def switch_current(root: str, release: str) -> None:
+    """Point `current` at the release atomically: a new link under a temp name, then rename."""
+    tmp = os.path.join(root, f"{TMP_PREFIX}current-{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    os.symlink(os.path.join(RELEASES, release), tmp)
+    os.replace(tmp, os.path.join(root, CURRENT))
+    fsync_dir(root)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_history(root: str) -> list[dict]:
+    """history.jsonl entries, oldest first; a torn last line (killed writer) is skipped."""
+    path = os.path.join(root, HISTORY)
+    entries: list[dict] = []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                with contextlib.suppress(ValueError):
+                    entries.append(json.loads(line))
+    except FileNotFoundError:
+        pass
+    return entries
+
+
+def append_history(root: str, entry: dict) -> None:
+    line = json.dumps(entry, sort_keys=True) + "\n"
+    fd = os.open(os.path.join(root, HISTORY), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def previous_deployment(history: list[dict], current: str | None, available: list[str]) -> str | None:
+    """The release deployed before `current`, following history (never file dates)."""
+    for entry in reversed(history):
+        release = entry.get("release")
+        if release == current or release not in available:
+            continue
+        if entry.get("result") in GOOD_RESULTS:
+            return release
+    return None
+
+
+def releases_to_prune(
+    history: list[dict], available: list[str], keep: int, protected: set[str]
+) -> list[str]:
+    """Releases beyond the `keep` most recently deployed good ones, sparing `protected`."""
+    recent: list[str] = []
+    for entry in reversed(history):
+        release = entry.get("release")
+        if entry.get("result") in GOOD_RESULTS and release in available and release not in recent:
+            recent.append(release)
+    kept = set(recent[:keep]) | protected
+    return [name for name in available if name not in kept]
+
+
+def remove_tree(path: str) -> None:
+    """Remove a release folder: rename it out of the way first, so a kill midway never leaves
+    a half-deleted folder under a release name."""
+    parent, name = os.path.split(path)
+    doomed = os.path.join(parent, f"{TMP_PREFIX}rm-{name}-{os.getpid()}")
+    os.rename(path, doomed)
+    shutil.rmtree(doomed)
+
+
+def stale_temp_dirs(root: str) -> list[str]:
+    folder = os.path.join(root, RELEASES)
+    if not os.path.isdir(folder):
+        return []
+    return sorted(
+        os.path.join(folder, name) for name in os.listdir(folder) if name.startswith(TMP_PREFIX)
+    )
+
+
+@contextlib.contextmanager
+def deploy_lock(root: str) -> Iterator[None]:
+    """One deploy/rollback per target at a time; a second one fails instead of interleaving."""
+    fd = os.open(os.path.join(root, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno in (errno.EAGAIN, errno.EACCES):
+                raise StateError(
+                    f"another deploy or rollback holds {os.path.join(root, LOCK)}; "
+                    "wait for it to finish, then run again"
+                ) from err
+            raise
+        yield
+    finally:
+        os.close(fd)
