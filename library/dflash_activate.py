@@ -98,7 +98,9 @@ from ansible.module_utils.dflash_state import (
 
 
 def history_entry(params: dict, manifest: dict, previous: str | None) -> dict:
-    entry = dict(params["record"])
+    # Where the code came from is in the release's manifest; the caller adds the rest.
+    entry = {key: manifest.get(key) for key in ("ref", "commit", "dirty")}
+    entry.update(params["record"])
     entry.update(
         time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         action=params["action"],
@@ -115,18 +117,20 @@ def run(module: AnsibleModule) -> dict:
     root, release = params["root"], params["release"]
     if params["keep"] < 1:
         raise StateError(f"keep={params['keep']} would prune the current release; use keep >= 1")
+    previous, _link = current_release(root)
+    result: dict = {"changed": False, "previous": previous, "switched": False, "pruned": []}
+    switching = previous != release
+    result["diff"] = {"before": f"current -> {previous}\n", "after": f"current -> {release}\n"}
+    if module.check_mode:
+        # In check mode the release may not be unpacked yet: it would have been by now.
+        result["changed"] = result["switched"] = switching
+        return result
     manifest = read_manifest(release_dir(root, release))
     if manifest is None:
         raise StateError(
             f"release {release} is not unpacked under {root}/releases; deploy it first "
             f"(available: {', '.join(list_releases(root)) or 'none'})"
         )
-    previous, _link = current_release(root)
-    result: dict = {"changed": False, "previous": previous, "switched": False, "pruned": []}
-    switching = previous != release
-    if module.check_mode:
-        result["changed"] = result["switched"] = switching
-        return result
     with deploy_lock(root):
         if switching:
             entry = history_entry(params, manifest, previous)

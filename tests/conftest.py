@@ -1,0 +1,60 @@
+"""Shared fixtures: real ansible-playbook runs against the local target, and a throwaway git
+checkout holding a small dflash/ package, so the lifecycle tests do not depend on the trainer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import PlaybookRun, run_playbook
+
+
+@pytest.fixture
+def source_repo(tmp_path: Path) -> Callable[..., Path]:
+    """A git checkout with dflash/; call it as commit(name, files) to add a tagged commit."""
+    repo = tmp_path / "source"
+    (repo / "dflash").mkdir(parents=True)
+    git = ["git", "-C", str(repo), "-c", "user.email=t@example.invalid", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+
+    def commit(tag: str, files: dict[str, str]) -> Path:
+        for rel, text in files.items():
+            path = repo / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", tag or "untagged"], check=True)
+        if tag:
+            subprocess.run([*git, "tag", tag], check=True)
+        return repo
+
+    commit.path = repo  # type: ignore[attr-defined]
+    return commit
+
+
+@pytest.fixture
+def target_root(tmp_path: Path) -> Path:
+    return tmp_path / "target" / "dflash"
+
+
+@pytest.fixture
+def playbook(tmp_path: Path, target_root: Path) -> Callable[..., PlaybookRun]:
+    """Run a playbook of the repo against the local target rooted at `target_root`."""
+    target_root.parent.mkdir(parents=True, exist_ok=True)
+    report = tmp_path / "reports" / "verify.json"
+
+    def run(name: str, **extravars: object) -> PlaybookRun:
+        check = bool(extravars.pop("_check", False))
+        tags = extravars.pop("_tags", None)
+        variables = {"dflash_root": str(target_root), "dflash_verify_json": str(report)}
+        variables.update(extravars)
+        result = run_playbook(name, variables, check=check, tags=tags)
+        result.report = json.loads(report.read_text()) if report.exists() else None
+        return result
+
+    return run
+

@@ -1,0 +1,70 @@
+"""Running the toolkit's playbooks for real, as a user would, and reading what they did."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# The ansible-playbook of the interpreter running the tests (the project venv).
+ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+_RECAP = re.compile(
+    r"^(?P<host>\S+)\s+: ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)"
+    r"\s+failed=(?P<failed>\d+)",
+    re.MULTILINE,
+)
+
+
+@dataclass
+class PlaybookRun:
+    rc: int
+    output: str
+    recap: dict[str, dict[str, int]] = field(default_factory=dict)
+    report: dict | None = None
+
+    def changed(self, host: str = "local") -> int:
+        return self.recap[host]["changed"]
+
+
+def playbook_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
+    env["ANSIBLE_FORCE_COLOR"] = "0"
+    env["ANSIBLE_NOCOLOR"] = "1"
+    return env
+
+
+def playbook_command(
+    name: str, extravars: dict, inventory: Path | None = None, check: bool = False,
+    tags: str | None = None,
+) -> list[str]:
+    cmd = [str(ANSIBLE_PLAYBOOK), str(REPO / name), "-e", json.dumps(extravars)]
+    if inventory:
+        cmd += ["-i", str(inventory)]
+    if check:
+        cmd += ["--check", "--diff"]
+    if tags:
+        cmd += ["--tags", tags]
+    return cmd
+
+
+def run_playbook(
+    name: str, extravars: dict, inventory: Path | None = None, check: bool = False,
+    tags: str | None = None, timeout: float = 600,
+) -> PlaybookRun:
+    proc = subprocess.run(
+        playbook_command(name, extravars, inventory, check, tags),
+        cwd=REPO, env=playbook_env(), capture_output=True, text=True, timeout=timeout,
+        check=False,
+    )
+    output = proc.stdout + proc.stderr
+    recap = {
+        m["host"]: {k: int(m[k]) for k in ("ok", "changed", "unreachable", "failed")}
+        for m in _RECAP.finditer(output)
+    }
+    return PlaybookRun(rc=proc.returncode, output=output, recap=recap)

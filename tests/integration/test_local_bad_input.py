@@ -1,0 +1,89 @@
+"""Bad input fails before anything changes on the target, naming the value and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+V1 = {"dflash/__init__.py": "VERSION = 1\n"}
+
+
+def snapshot(root: Path) -> dict[str, bytes | str]:
+    """Every path under the root with its content (files) or link text (links)."""
+    state: dict[str, bytes | str] = {}
+    if not root.exists():
+        return state
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            state[rel] = "-> " + str(path.readlink())
+        elif path.is_file():
+            state[rel] = path.read_bytes()
+        else:
+            state[rel] = "dir"
+    return state
+
+
+@pytest.fixture
+def deployed(source_repo, playbook, target_root) -> Path:
+    repo = source_repo("v1", V1)
+    assert playbook("deploy.yml", dflash_source_dir=str(repo), dflash_ref="v1").rc == 0
+    return repo
+
+
+@pytest.mark.parametrize(
+    ("playbook_name", "variables", "expected"),
+    [
+        ("deploy.yml", {"dflash_ref": "v9.9"}, ["dflash_ref 'v9.9'", "git tag"]),
+        ("rollback.yml", {"dflash_release": "a/b"}, ["'a/b'", "contains '/'"]),
+        ("rollback.yml", {"dflash_release": "v1..x"}, ["'v1..x'", "contains '..'"]),
+        ("rollback.yml", {"dflash_release": "v 1"}, ["'v 1'", "whitespace"]),
+        ("rollback.yml", {"dflash_release": "v7"}, ["Unknown rollback target 'v7'", "v1"]),
+        ("rollback.yml", {}, ["no earlier deployment", "dflash_release=<id>"]),
+        ("deploy.yml", {"dflash_keep_releases": 0}, ["dflash_keep_releases=0", "1 or more"]),
+    ],
+)
+def test_bad_input_changes_nothing(
+    deployed, playbook, target_root, playbook_name, variables, expected
+):
+    before = snapshot(target_root)
+    run = playbook(playbook_name, dflash_source_dir=str(deployed), **variables)
+    assert run.rc != 0
+    for text in expected:
+        assert text in run.output.replace("\n", " ").replace("  ", " ") or text in run.output, (
+            text,
+            run.output,
+        )
+    assert snapshot(target_root) == before
+
+
+def test_tag_that_cannot_be_a_release_name(source_repo, playbook, target_root):
+    repo = source_repo("", V1)
+    subprocess.run(["git", "-C", str(repo), "tag", "feature/x"], check=True)
+    run = playbook("deploy.yml", dflash_source_dir=str(repo), dflash_ref="feature/x")
+    assert run.rc != 0
+    assert "release id 'feature/x'" in run.output and "plain name" in run.output
+    assert not target_root.exists()
+
+
+def test_missing_sandbox_parent(source_repo, playbook, tmp_path):
+    repo = source_repo("v1", V1)
+    missing = tmp_path / "no-such-parent" / "dflash"
+    run = playbook("deploy.yml", dflash_source_dir=str(repo), dflash_root=str(missing))
+    assert run.rc != 0
+    assert f"dflash_root '{missing}'" in run.output and "does not exist" in run.output
+    assert not missing.parent.exists()
+
+
+def test_moved_tag_is_refused(source_repo, playbook, target_root):
+    repo = source_repo("v1", V1)
+    assert playbook("deploy.yml", dflash_source_dir=str(repo), dflash_ref="v1").rc == 0
+    source_repo("", {"dflash/__init__.py": "VERSION = 'moved'\n"})
+    subprocess.run(["git", "-C", str(repo), "tag", "-f", "v1"], check=True, capture_output=True)
+    before = snapshot(target_root)
+    run = playbook("deploy.yml", dflash_source_dir=str(repo), dflash_ref="v1")
+    assert run.rc != 0
+    assert "the tag was moved" in run.output
+    assert snapshot(target_root) == before
