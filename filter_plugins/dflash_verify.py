@@ -6,8 +6,10 @@ import sys
 from typing import Any
 
 # The naming rules live with the modules' shared code; filters run on the controller.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils"))
-from dflash_release import release_id_problem  # noqa: E402
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
+)
+from dflash_release import release_id_problem
 
 
 def finding(kind: str, expected: Any, found: Any, hint: str, **extra: Any) -> dict:
@@ -17,30 +19,58 @@ def finding(kind: str, expected: Any, found: Any, hint: str, **extra: Any) -> di
 def release_findings(facts: dict) -> list[dict]:
     current = facts.get("current") or {}
     if not facts.get("root_exists"):
-        return [finding("release", "a deployed state root", f"{facts.get('root')} is missing",
-                        "run deploy.yml")]
+        return [
+            finding(
+                "release",
+                "a deployed state root",
+                f"{facts.get('root')} is missing",
+                "run deploy.yml",
+            )
+        ]
     if current.get("dangling"):
-        return [finding("release", "current -> a complete release",
-                        f"current -> {current.get('link')} (missing or incomplete)",
-                        "run rollback.yml, or deploy.yml")]
+        return [
+            finding(
+                "release",
+                "current -> a complete release",
+                f"current -> {current.get('link')} (missing or incomplete)",
+                "run rollback.yml, or deploy.yml",
+            )
+        ]
     if not current.get("release"):
         return [finding("release", "a current release", "no current link", "run deploy.yml")]
     found: list[dict] = []
     release = current["release"]
     manifest = current.get("manifest") or {}
     if not current.get("manifest_consistent", True):
-        found.append(finding("release", f"MANIFEST.json of {release} as deployed",
-                             "a MANIFEST.json whose file hashes do not add up to its tree hash",
-                             "redeploy: the manifest was edited on the target", path="MANIFEST.json"))
+        found.append(
+            finding(
+                "release",
+                f"MANIFEST.json of {release} as deployed",
+                "a MANIFEST.json whose file hashes do not add up to its tree hash",
+                "redeploy: the manifest was edited on the target",
+                path="MANIFEST.json",
+            )
+        )
     recorded = [e for e in facts.get("history", []) if e.get("release") == release]
     if recorded and recorded[-1].get("tree_sha256") != manifest.get("tree_sha256"):
-        found.append(finding("release", recorded[-1].get("tree_sha256"),
-                             manifest.get("tree_sha256"),
-                             f"release {release} differs from what history recorded; redeploy it"))
+        found.append(
+            finding(
+                "release",
+                recorded[-1].get("tree_sha256"),
+                manifest.get("tree_sha256"),
+                f"release {release} differs from what history recorded; redeploy it",
+            )
+        )
     if facts.get("history") and facts["history"][-1].get("release") != release:
-        found.append(finding("release", facts["history"][-1].get("release"), release,
-                             "current was switched outside deploy.yml/rollback.yml; redeploy or "
-                             "roll back to record it"))
+        found.append(
+            finding(
+                "release",
+                facts["history"][-1].get("release"),
+                release,
+                "current was switched outside deploy.yml/rollback.yml; redeploy or "
+                "roll back to record it",
+            )
+        )
     return found
 
 
@@ -55,9 +85,16 @@ def code_findings(facts: dict) -> list[dict]:
     out = []
     for state, (expected, found) in hints.items():
         for path in files.get(state, []):
-            out.append(finding("code", expected, found,
-                               f"redeploy release {release} (deploy.yml -e dflash_ref=...) "
-                               "or roll back", path=path, state=state))
+            out.append(
+                finding(
+                    "code",
+                    expected,
+                    found,
+                    f"redeploy release {release} (deploy.yml -e dflash_ref=...) or roll back",
+                    path=path,
+                    state=state,
+                )
+            )
     return out
 
 
@@ -73,7 +110,7 @@ def dflash_report_lines(findings: list[dict]) -> list[str]:
     lines = [f"{'KIND':<18} {'WHAT':<34} {'EXPECTED':<32} FOUND"]
     for item in findings:
         what = item.get("path", "")
-        lines.append(f"{item['kind']:<18} {what:<34} {str(item['expected']):<32} {item['found']}")
+        lines.append(f"{item['kind']:<18} {what:<34} {item['expected']!s:<32} {item['found']}")
         lines.append(f"{'':<18} fix: {item['hint']}")
     return lines
 

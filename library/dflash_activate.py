@@ -78,7 +78,7 @@ history_entry:
 """
 
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_state import (
@@ -102,7 +102,7 @@ def history_entry(params: dict, manifest: dict, previous: str | None) -> dict:
     entry = {key: manifest.get(key) for key in ("ref", "commit", "dirty")}
     entry.update(params["record"])
     entry.update(
-        time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        time=datetime.now(UTC).isoformat(timespec="seconds"),
         action=params["action"],
         release=params["release"],
         tree_sha256=manifest["tree_sha256"],

@@ -134,9 +134,9 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
         manifest = read_manifest(folder) or {}
         facts["current"]["manifest"] = {k: v for k, v in manifest.items() if k != "files"}
         # A hand-edited MANIFEST.json would hide edited files: its own hash must still add up.
-        facts["current"]["manifest_consistent"] = (
-            tree_sha256(manifest.get("files", {})) == manifest.get("tree_sha256")
-        )
+        facts["current"]["manifest_consistent"] = tree_sha256(
+            manifest.get("files", {})
+        ) == manifest.get("tree_sha256")
         facts["current"]["path"] = os.path.join(root, CURRENT)
         if checksums:
             facts["files"] = file_drift(folder, manifest)

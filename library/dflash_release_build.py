@@ -68,7 +68,7 @@ import os
 import subprocess
 import tarfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_release import (
@@ -87,9 +87,7 @@ class BuildError(Exception):
 
 
 def git(source_dir: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        ["git", "-C", source_dir, *args], capture_output=True, check=False
-    )
+    proc = subprocess.run(["git", "-C", source_dir, *args], capture_output=True, check=False)
     if check and proc.returncode != 0:
         raise BuildError(
             f"git {' '.join(args)} failed in {source_dir}: {proc.stderr.decode().strip()}"
@@ -115,9 +113,12 @@ def resolve_ref(source_dir: str, ref: str) -> tuple[str, bool]:
             "list candidates with `git tag` / `git log --oneline`, or leave dflash_ref empty "
             "to deploy the working tree"
         )
-    is_tag = git(
-        source_dir, "show-ref", "--verify", "--quiet", f"refs/tags/{ref}", check=False
-    ).returncode == 0
+    is_tag = (
+        git(
+            source_dir, "show-ref", "--verify", "--quiet", f"refs/tags/{ref}", check=False
+        ).returncode
+        == 0
+    )
     return proc.stdout.decode().strip(), is_tag
 
 
@@ -140,8 +141,14 @@ def files_at_commit(source_dir: str, commit: str) -> dict[str, tuple[bytes, int]
 def working_tree_paths(source_dir: str) -> list[str]:
     if is_git_checkout(source_dir):
         listed = git(
-            source_dir, "ls-files", "-z", "--cached", "--others", "--exclude-standard",
-            "--", PACKAGE_DIR,
+            source_dir,
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+            "--",
+            PACKAGE_DIR,
         ).stdout.decode()
         paths = [p for p in listed.split("\0") if p]
     else:
@@ -153,8 +160,7 @@ def working_tree_paths(source_dir: str) -> list[str]:
         ]
     # Tracked files deleted on disk are not part of the working tree.
     return sorted(
-        p for p in paths
-        if not is_ignored_path(p) and os.path.isfile(os.path.join(source_dir, p))
+        p for p in paths if not is_ignored_path(p) and os.path.isfile(os.path.join(source_dir, p))
     )
 
 
@@ -212,7 +218,7 @@ def plan_release(source_dir: str, ref: str) -> tuple[dict[str, tuple[bytes, int]
         "ref": ref or "WORKTREE",
         "commit": commit,
         "dirty": dirty,
-        "created": datetime.fromtimestamp(mtime, tz=timezone.utc).isoformat(),
+        "created": datetime.fromtimestamp(mtime, tz=UTC).isoformat(),
         "files": files,
         "tree_sha256": tree,
     }

@@ -83,7 +83,11 @@ def safe_members(tar: tarfile.TarFile, archive: str) -> list[tarfile.TarInfo]:
     members = tar.getmembers()
     for member in members:
         name = member.name
-        if name.startswith("/") or ".." in name.split("/") or not (member.isfile() or member.isdir()):
+        if (
+            name.startswith("/")
+            or ".." in name.split("/")
+            or not (member.isfile() or member.isdir())
+        ):
             raise StateError(
                 f"archive {archive} holds an unsafe entry '{name}'; rebuild it with deploy.yml"
             )
@@ -99,7 +103,10 @@ def check_unpacked(folder: str, expected_tree: str) -> int:
         path = os.path.join(folder, rel)
         if not os.path.isfile(path) or sha256_file(path) != sha:
             raise StateError(f"{rel} in the archive does not match its manifest; push it again")
-    if tree_sha256(files) != manifest.get("tree_sha256") or manifest["tree_sha256"] != expected_tree:
+    if (
+        tree_sha256(files) != manifest.get("tree_sha256")
+        or manifest["tree_sha256"] != expected_tree
+    ):
         raise StateError(
             f"the archive's tree hash {manifest.get('tree_sha256')} is not the expected "
             f"{expected_tree}; push it again"
@@ -175,4 +182,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

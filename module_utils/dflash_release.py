@@ -57,9 +57,7 @@ def tree_sha256(files: dict[str, str]) -> str:
     return digest.hexdigest()
 
 
-def build_archive(
-    contents: dict[str, tuple[bytes, int]], manifest: dict, mtime: int
-) -> bytes:
+def build_archive(contents: dict[str, tuple[bytes, int]], manifest: dict, mtime: int) -> bytes:
     """A byte-for-byte reproducible .tar.gz of `contents` ({path: (bytes, mode)}) + MANIFEST.json.
 
     Sorted members, fixed owner, mode and mtime, and a gzip header without name or time, so the

@@ -50,7 +50,8 @@ def list_releases(root: str) -> list[str]:
     if not os.path.isdir(folder):
         return []
     return sorted(
-        name for name in os.listdir(folder)
+        name
+        for name in os.listdir(folder)
         if not name.startswith(".") and read_manifest(os.path.join(folder, name)) is not None
     )
 
@@ -110,7 +111,9 @@ def append_history(root: str, entry: dict) -> None:
         os.close(fd)
 
 
-def previous_deployment(history: list[dict], current: str | None, available: list[str]) -> str | None:
+def previous_deployment(
+    history: list[dict], current: str | None, available: list[str]
+) -> str | None:
     """The release deployed before `current`, following history (never file dates)."""
     for entry in reversed(history):
         release = entry.get("release")

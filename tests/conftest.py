@@ -57,4 +57,3 @@ def playbook(tmp_path: Path, target_root: Path) -> Callable[..., PlaybookRun]:
         return result
 
     return run
-

@@ -14,8 +14,8 @@ REPO = Path(__file__).resolve().parent.parent
 # The ansible-playbook of the interpreter running the tests (the project venv).
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 _RECAP = re.compile(
-    r"^(?P<host>\S+)\s+: ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)"
-    r"\s+failed=(?P<failed>\d+)",
+    r"^(?P<host>\S+)\s+: ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)"
+    r"\s+unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)",
     re.MULTILINE,
 )
 
@@ -40,7 +40,10 @@ def playbook_env() -> dict[str, str]:
 
 
 def playbook_command(
-    name: str, extravars: dict, inventory: Path | None = None, check: bool = False,
+    name: str,
+    extravars: dict,
+    inventory: Path | None = None,
+    check: bool = False,
     tags: str | None = None,
 ) -> list[str]:
     cmd = [str(ANSIBLE_PLAYBOOK), str(REPO / name), "-e", json.dumps(extravars)]
@@ -54,12 +57,20 @@ def playbook_command(
 
 
 def run_playbook(
-    name: str, extravars: dict, inventory: Path | None = None, check: bool = False,
-    tags: str | None = None, timeout: float = 600,
+    name: str,
+    extravars: dict,
+    inventory: Path | None = None,
+    check: bool = False,
+    tags: str | None = None,
+    timeout: float = 600,
 ) -> PlaybookRun:
     proc = subprocess.run(
         playbook_command(name, extravars, inventory, check, tags),
-        cwd=REPO, env=playbook_env(), capture_output=True, text=True, timeout=timeout,
+        cwd=REPO,
+        env=playbook_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         check=False,
     )
     output = proc.stdout + proc.stderr

@@ -137,8 +137,12 @@ def test_deploy_killed_between_unpack_and_switch(source_repo, playbook, target_r
         {"dflash_root": str(target_root), "dflash_source_dir": str(repo), "dflash_ref": "v2"},
     )
     proc = subprocess.Popen(
-        cmd, cwd=REPO, env=playbook_env(), start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cmd,
+        cwd=REPO,
+        env=playbook_env(),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     unpacked = target_root / "releases" / "v2" / "MANIFEST.json"
     deadline = time.monotonic() + 120

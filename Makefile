@@ -1,0 +1,42 @@
+# Two commands do all the set-up (README "Quick start"):
+#   make demo   deploy to the embedded local target, then verify it
+#   make test   lint everything and run the test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+# The venv is rebuilt when pyproject.toml changes.
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+# The venv's ansible-playbook and the controller Python it reports come first on PATH.
+export PATH := $(BIN):$(PATH)
+PLAYBOOKS := deploy.yml verify.yml rollback.yml $(wildcard playbooks/*.yml)
+
+.PHONY: venv demo test lint unit clean-sandbox
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@echo "==> creating $(VENV) (torch, ansible, ...; about a minute)"
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[trainer,dev]'
+	touch $@
+
+demo: venv
+	ansible-playbook deploy.yml
+	ansible-playbook verify.yml
+
+lint: venv
+	ruff check .
+	ruff format --check .
+	ansible-lint --profile production --offline
+	@for p in $(PLAYBOOKS); do \
+		ansible-playbook --syntax-check "$$p" >/dev/null || exit 1; \
+		echo "syntax ok: $$p"; \
+	done
+
+test: lint
+	pytest
+
+clean-sandbox:
+	rm -rf sandbox .build reports
