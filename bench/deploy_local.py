@@ -1,0 +1,64 @@
+"""Cold and no-op deploy of the working tree to the local target: medians over N runs, and
+their ratio to a one-module baseline playbook measured in the same run.
+
+    .venv/bin/python bench/deploy_local.py [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from tests.helpers import playbook_command, playbook_env  # noqa: E402
+
+
+def timed(playbook: str, extravars: dict) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(
+        playbook_command(playbook, extravars),
+        cwd=REPO,
+        env=playbook_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"{playbook} failed:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    rows: dict[str, list[float]] = {
+        "baseline (1 module)": [],
+        "cold deploy": [],
+        "no-op deploy": [],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for run in range(args.runs):
+            root = Path(tmp) / f"run{run}" / "dflash"
+            root.parent.mkdir()
+            extravars = {"dflash_root": str(root)}
+            rows["baseline (1 module)"].append(timed("bench/baseline.yml", extravars))
+            rows["cold deploy"].append(timed("deploy.yml", extravars))
+            rows["no-op deploy"].append(timed("deploy.yml", extravars))
+            print(f"run {run + 1}/{args.runs} done", file=sys.stderr)
+    base = statistics.median(rows["baseline (1 module)"])
+    print(f"{'what':<22} {'median s':>9} {'min s':>7} {'max s':>7} {'x baseline':>11}")
+    for name, values in rows.items():
+        med = statistics.median(values)
+        print(f"{name:<22} {med:>9.2f} {min(values):>7.2f} {max(values):>7.2f} {med / base:>11.2f}")
+
+
+if __name__ == "__main__":
+    main()
