@@ -41,8 +41,24 @@ def target_root(tmp_path: Path) -> Path:
     return tmp_path / "target" / "dflash"
 
 
+@pytest.fixture(scope="session")
+def local_envs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """envs/ of the local lock, built once per session by a real wheelhouse + deploy run.
+
+    Building the torch env takes ~40 s; tests that are not about the env start from a
+    hard-linked copy of this one, which the env module then checks like any other."""
+    root = tmp_path_factory.mktemp("envcache") / "dflash"
+    for name, variables in (
+        ("playbooks/wheelhouse.yml", {}),
+        ("deploy.yml", {"dflash_root": str(root)}),
+    ):
+        run = run_playbook(name, variables)
+        assert run.rc == 0, run.output
+    return root / "envs"
+
+
 @pytest.fixture
-def playbook(tmp_path: Path, target_root: Path) -> Callable[..., PlaybookRun]:
+def playbook(tmp_path: Path, target_root: Path, local_envs: Path) -> Callable[..., PlaybookRun]:
     """Run a playbook of the repo against the local target rooted at `target_root`."""
     target_root.parent.mkdir(parents=True, exist_ok=True)
     report = tmp_path / "reports" / "verify.json"
@@ -52,6 +68,9 @@ def playbook(tmp_path: Path, target_root: Path) -> Callable[..., PlaybookRun]:
         tags = extravars.pop("_tags", None)
         variables = {"dflash_root": str(target_root), "dflash_verify_json": str(report)}
         variables.update(extravars)
+        if variables["dflash_root"] == str(target_root) and not target_root.exists():
+            target_root.mkdir()
+            subprocess.run(["cp", "-al", str(local_envs), str(target_root / "envs")], check=True)
         result = run_playbook(name, variables, check=check, tags=tags)
         result.report = json.loads(report.read_text()) if report.exists() else None
         return result

@@ -16,6 +16,6 @@ def _load(name: str, path) -> None:
     spec.loader.exec_module(module)
 
 
-for _name in ("dflash_release", "dflash_state"):
+for _name in ("dflash_release", "dflash_state", "dflash_lock"):
     _load(f"ansible.module_utils.{_name}", REPO / "module_utils" / f"{_name}.py")
-_load("dflash_verify_filters", REPO / "filter_plugins" / "dflash_verify.py")
+_load("dflash_filters", REPO / "filter_plugins" / "dflash.py")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dflash_verify_filters import dflash_findings, dflash_report_lines
+from dflash_filters import dflash_findings, dflash_report_lines
 
 
 def facts(**overrides) -> dict:

@@ -1,4 +1,5 @@
-# Turns the facts document of one target into verify findings (DESIGN.md "Verify report").
+# Controller-side filters: verify findings from a facts document (DESIGN.md "Verify report"),
+# and the release-name and lock checks that preflight runs before anything changes.
 from __future__ import annotations
 
 import os
@@ -9,6 +10,7 @@ from typing import Any
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
 )
+from dflash_lock import lock_id, lock_problems
 from dflash_release import release_id_problem
 
 
@@ -121,4 +123,6 @@ class FilterModule:
             "dflash_findings": dflash_findings,
             "dflash_report_lines": dflash_report_lines,
             "dflash_release_problem": release_id_problem,
+            "dflash_lock_problems": lock_problems,
+            "dflash_lock_id": lock_id,
         }

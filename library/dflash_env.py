@@ -1,0 +1,361 @@
+#!/usr/bin/python
+# Builds envs/<lock-id> holding exactly the locked wheels, and proves it.
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: dflash_env
+short_description: A venv with exactly the locked wheels, checked against the lock
+description:
+  - Creates C(envs/<lock-id>) from the lock (python, torch, triton, the other wheels of the
+    closure, the source) with C(pip install --no-deps) of exactly the pinned versions, then
+    checks the installed versions (local suffix included), C(torch.__version__),
+    C(torch.version.cuda) and, where C(nvidia-smi) exists, the driver against the CUDA build.
+  - Every check of the lock and its source runs before anything is created. A new lock is a new
+    env; an env is never re-installed for another lock. An env of this lock whose packages were
+    changed by hand is rebuilt, and the drift is returned.
+  - The env is marked complete only at the end, so a killed build is rebuilt next time.
+options:
+  root:
+    description: State root on the target.
+    type: path
+    required: true
+  lock:
+    description: The lock (see the README, "The environment lock").
+    type: dict
+    required: true
+  pip_timeout:
+    description: Seconds the install may take.
+    type: int
+    default: 1800
+author: dflash-deploy
+"""
+
+EXAMPLES = r"""
+- name: Pin the training environment
+  dflash_env:
+    root: /opt/dflash
+    lock: "{{ dflash_lock }}"
+  register: env
+"""
+
+RETURN = r"""
+lock_id:
+  description: Id of the lock, the env's folder name.
+  type: str
+  returned: always
+env_dir:
+  description: Path of the env.
+  type: str
+  returned: always
+python:
+  description: The env's interpreter.
+  type: str
+  returned: always
+drift:
+  description: Packages of an existing env that differed from the lock (then rebuilt).
+  type: list
+  elements: dict
+  returned: always
+versions:
+  description: torch, cuda (torch.version.cuda) and the driver found.
+  type: dict
+  returned: when built
+"""
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_lock import (
+    lock_id,
+    lock_problems,
+    normalize,
+    pinned,
+    wheel_name_version,
+)
+from ansible.module_utils.dflash_release import sha256_file
+
+MARKER = ".dflash-env.json"
+# Oldest driver that runs a CUDA major version (minor version compatibility).
+MIN_DRIVER = {"11": (450, 80), "12": (525, 60), "13": (580, 65)}
+
+
+class EnvError(Exception):
+    pass
+
+
+def find_python(wanted: str) -> str:
+    """An interpreter of the locked version: 3.11 matches any 3.11.x, 3.11.2 only itself."""
+    major_minor = ".".join(wanted.split(".")[:2])
+    seen = []
+    for candidate in (f"python{major_minor}", "python3"):
+        path = shutil.which(candidate)
+        if not path:
+            continue
+        proc = subprocess.run(
+            [path, "-c", "import platform; print(platform.python_version())"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        version = proc.stdout.strip()
+        seen.append(f"{path} ({version or 'broken'})")
+        if version == wanted or (version.startswith(major_minor + ".") and wanted == major_minor):
+            return path
+    raise EnvError(
+        f"the lock wants Python {wanted}, but the target has {', '.join(seen) or 'no python3'}; "
+        f"install python{major_minor} in the container or lock the Python it has"
+    )
+
+
+def wheelhouse_files(folder: str) -> dict[tuple[str, str], str]:
+    if not os.path.isdir(folder):
+        raise EnvError(
+            f"the lock's wheelhouse {folder} is not a folder on the target; mount it into the "
+            "container (Proxmox mpN) or fix dflash_lock.source.wheelhouse"
+        )
+    found = {}
+    for path in glob.glob(os.path.join(folder, "*.whl")):
+        parsed = wheel_name_version(os.path.basename(path))
+        if parsed:
+            found[parsed] = path
+    return found
+
+
+def check_wheelhouse(lock: dict, folder: str) -> dict[tuple[str, str], str]:
+    """Every pinned wheel is there, with the locked hash where one is given."""
+    files = wheelhouse_files(folder)
+    hashes = {normalize(k): v for k, v in (lock.get("sha256") or {}).items()}
+    for name, version in sorted(pinned(lock).items()):
+        path = files.get((name, version))
+        if path is None:
+            have = sorted(v for (n, v) in files if n == name)
+            raise EnvError(
+                f"the lock pins {name}=={version} but the wheelhouse {folder} has "
+                f"{'versions ' + ', '.join(have) if have else 'no ' + name + ' wheel'}; add that "
+                "wheel (ansible-playbook playbooks/wheelhouse.yml) or fix the lock"
+            )
+        if name in hashes and sha256_file(path) != hashes[name]:
+            raise EnvError(
+                f"{os.path.basename(path)} in {folder} has sha256 {sha256_file(path)}, the lock "
+                f"says {hashes[name]}; replace the wheel or fix dflash_lock.sha256.{name}"
+            )
+    return files
+
+
+def installed_versions(env_dir: str) -> dict[str, str]:
+    """Versions from dist-info metadata: no import, so it is fast and trusts nothing in the env."""
+    found = {}
+    pattern = os.path.join(env_dir, "lib", "python3*", "site-packages", "*.dist-info", "METADATA")
+    for metadata in glob.glob(pattern):
+        name = version = None
+        with open(metadata, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("Name:"):
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("Version:"):
+                    version = line.split(":", 1)[1].strip()
+                if (name and version) or not line.strip():
+                    break
+        if name and version:
+            found[normalize(name)] = version
+    return found
+
+
+def version_drift(lock: dict, installed: dict[str, str]) -> list[dict]:
+    drift = []
+    pins = pinned(lock)
+    for name in sorted(set(pins) | set(installed)):
+        if pins.get(name) != installed.get(name):
+            drift.append(
+                {"package": name, "expected": pins.get(name), "found": installed.get(name)}
+            )
+    return drift
+
+
+def pip_command(lock: dict, env_python: str, files: dict) -> list[str]:
+    pip_wheels = sorted(path for (name, _v), path in files.items() if name == "pip")
+    if pip_wheels:
+        # pip runs straight from its wheel, so the env (and the container) needs no pip.
+        base = [env_python, os.path.join(pip_wheels[-1], "pip")]
+    else:
+        system_python = shutil.which("python3")
+        probe = (
+            subprocess.run(
+                [system_python or "python3", "-m", "pip", "--version"],
+                capture_output=True,
+                check=False,
+            )
+            if system_python
+            else None
+        )
+        if not probe or probe.returncode != 0:
+            raise EnvError(
+                "no pip to install with: put a pip wheel into the lock's wheelhouse "
+                "(playbooks/wheelhouse.yml does) or install python3-pip on the target"
+            )
+        base = [system_python, "-m", "pip", "--python", env_python]
+    source = lock["source"]
+    args = [
+        "install",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-input",
+        "--disable-pip-version-check",
+    ]
+    if source.get("wheelhouse"):
+        args += ["--no-index", "--find-links", source["wheelhouse"]]
+    else:
+        args += ["--index-url", source["index_url"]]
+    return base + args
+
+
+def requirements_file(lock: dict) -> str:
+    hashes = {normalize(k): v for k, v in (lock.get("sha256") or {}).items()}
+    pins = pinned(lock)
+    hashed_all = bool(hashes) and set(hashes) >= set(pins)
+    lines = []
+    for name, version in sorted(pins.items()):
+        line = f"{name}=={version}"
+        if hashed_all:
+            line += f" --hash=sha256:{hashes[name]}"
+        lines.append(line)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
+        handle.write("\n".join(lines) + "\n")
+    return handle.name
+
+
+def run_checked(cmd: list[str], timeout: int, what: str, env: dict | None = None) -> str:
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env
+        )
+    except subprocess.TimeoutExpired as err:
+        raise EnvError(f"{what} took longer than {timeout} s; raise pip_timeout") from err
+    if proc.returncode != 0:
+        raise EnvError(
+            f"{what} failed (exit {proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}"
+        )
+    return proc.stdout
+
+
+def driver_version() -> str | None:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    proc = subprocess.run(
+        [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = proc.stdout.split()
+    return lines[0] if proc.returncode == 0 and lines else None
+
+
+def check_runtime(lock: dict, env_python: str) -> dict:
+    out = run_checked(
+        [
+            env_python,
+            "-c",
+            "import json, torch; print(json.dumps([torch.__version__, torch.version.cuda]))",
+        ],
+        300,
+        "importing torch in the new env",
+    )
+    torch_version, cuda = json.loads(out.strip().splitlines()[-1])
+    if torch_version != str(lock["torch"]):
+        raise EnvError(f"torch.__version__ is {torch_version}, the lock says {lock['torch']}")
+    if "cuda" in lock and (lock["cuda"] or None) != cuda:
+        raise EnvError(f"torch.version.cuda is {cuda}, the lock says {lock['cuda']}")
+    driver = driver_version()
+    if cuda and driver:
+        need = MIN_DRIVER.get(cuda.split(".")[0])
+        have = tuple(int(x) for x in re.findall(r"\d+", driver)[:2])
+        if need and have < need:
+            raise EnvError(
+                f"the NVIDIA driver {driver} is older than CUDA {cuda} needs "
+                f"({need[0]}.{need[1]} or newer); upgrade the node's driver or lock a torch "
+                "built for an older CUDA"
+            )
+    return {"torch": torch_version, "cuda": cuda, "driver": driver}
+
+
+def build(lock: dict, env_dir: str, python: str, files: dict, timeout: int) -> dict:
+    if os.path.exists(env_dir):
+        shutil.rmtree(env_dir)
+    run_checked([python, "-m", "venv", "--without-pip", env_dir], 300, "creating the venv")
+    env_python = os.path.join(env_dir, "bin", "python")
+    reqs = requirements_file(lock)
+    try:
+        # The lock alone decides what is installed: no user or site pip configuration.
+        pip_env = dict(os.environ, PIP_CONFIG_FILE=os.devnull)
+        run_checked(
+            [*pip_command(lock, env_python, files), "-r", reqs],
+            timeout,
+            "pip install of the locked wheels",
+            env=pip_env,
+        )
+    finally:
+        os.unlink(reqs)
+    drift = version_drift(lock, installed_versions(env_dir))
+    if drift:
+        raise EnvError(f"after installing, the env differs from the lock: {drift}")
+    versions = check_runtime(lock, env_python)
+    with open(os.path.join(env_dir, MARKER), "w", encoding="utf-8") as handle:
+        json.dump({"lock_id": lock_id(lock), "lock": lock, "versions": versions}, handle, indent=2)
+    return versions
+
+
+def run(module: AnsibleModule) -> dict:
+    lock, root = module.params["lock"], module.params["root"]
+    problems = lock_problems(lock)
+    if problems:
+        raise EnvError("; ".join(problems))
+    lid = lock_id(lock)
+    env_dir = os.path.join(root, "envs", lid)
+    result = {
+        "changed": False,
+        "lock_id": lid,
+        "env_dir": env_dir,
+        "python": os.path.join(env_dir, "bin", "python"),
+        "drift": [],
+    }
+    python = find_python(str(lock["python"]))
+    source = lock["source"]
+    files = check_wheelhouse(lock, source["wheelhouse"]) if source.get("wheelhouse") else {}
+    if os.path.isfile(os.path.join(env_dir, MARKER)):
+        result["drift"] = version_drift(lock, installed_versions(env_dir))
+        if not result["drift"]:
+            return result
+    result["changed"] = True
+    if module.check_mode:
+        return result
+    os.makedirs(os.path.dirname(env_dir), exist_ok=True)
+    result["versions"] = build(lock, env_dir, python, files, module.params["pip_timeout"])
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "root": {"type": "path", "required": True},
+            "lock": {"type": "dict", "required": True},
+            "pip_timeout": {"type": "int", "default": 1800},
+        },
+        supports_check_mode=True,
+    )
+    try:
+        module.exit_json(**run(module))
+    except EnvError as err:
+        module.fail_json(msg=str(err))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+#!/usr/bin/python
+# Fills a wheelhouse folder with the wheels a lock pins (run where the wheelhouse lives).
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: dflash_wheelhouse
+short_description: Download the wheels of a dflash lock into a wheelhouse folder
+description:
+  - Downloads every pinned wheel the folder lacks with C(pip download --no-deps
+    --only-binary=:all:), plus a pip wheel so that targets without pip can install from it.
+  - Wheels already there are not downloaded again; with nothing missing the module changes
+    nothing. Runs where the wheelhouse is (the controller, or a Proxmox node that mounts it
+    into the containers), with that machine's pip and its index configuration.
+options:
+  lock:
+    description: The lock (see the README, "The environment lock").
+    type: dict
+    required: true
+  dest:
+    description: The wheelhouse folder (created when missing).
+    type: path
+    required: true
+author: dflash-deploy
+"""
+
+EXAMPLES = r"""
+- name: Fill the wheelhouse
+  dflash_wheelhouse:
+    lock: "{{ dflash_lock }}"
+    dest: /srv/wheelhouse
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+downloaded:
+  description: Requirements that were downloaded.
+  type: list
+  elements: str
+  returned: always
+"""
+
+import glob
+import os
+import subprocess
+import sys
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_lock import lock_problems, pinned, wheel_name_version
+
+
+def present(dest: str) -> set[tuple[str, str]]:
+    return {
+        parsed
+        for path in glob.glob(os.path.join(dest, "*.whl"))
+        if (parsed := wheel_name_version(os.path.basename(path)))
+    }
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "lock": {"type": "dict", "required": True},
+            "dest": {"type": "path", "required": True},
+        },
+        supports_check_mode=True,
+    )
+    lock, dest = module.params["lock"], module.params["dest"]
+    problems = lock_problems(lock)
+    if problems:
+        module.fail_json(msg="; ".join(problems))
+    have = present(dest) if os.path.isdir(dest) else set()
+    missing = [f"{n}=={v}" for n, v in sorted(pinned(lock).items()) if (n, v) not in have]
+    if not any(name == "pip" for name, _version in have):
+        missing.append("pip")
+    if not missing or module.check_mode:
+        module.exit_json(changed=bool(missing), downloaded=missing)
+    os.makedirs(dest, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--dest",
+        dest,
+        *missing,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        module.fail_json(
+            msg=f"pip download of {', '.join(missing)} failed; check the lock's versions and "
+            f"this machine's index: {proc.stderr[-2000:]}",
+            cmd=cmd,
+        )
+    module.exit_json(changed=True, downloaded=missing)
+
+
+if __name__ == "__main__":
+    main()
