@@ -260,6 +260,8 @@ def driver_version() -> str | None:
 
 
 def check_runtime(lock: dict, env_python: str) -> dict:
+    if not lock.get("torch"):
+        return {"torch": None, "cuda": None, "driver": driver_version()}
     out = run_checked(
         [
             env_python,

@@ -39,8 +39,6 @@ def lock_problems(lock: object) -> list[str]:
         problems.append(
             f"dflash_lock.python '{python}' is not a Python version; write e.g. '3.11' or '3.11.2'"
         )
-    if not lock.get("torch"):
-        problems.append("dflash_lock.torch is missing; pin it with its suffix, e.g. '2.11.0+cu128'")
     names = dict((lock.get("wheels") or {}).items())
     names.update({key: lock[key] for key in ("torch", "triton") if lock.get(key)})
     for name, version in names.items():

@@ -79,3 +79,34 @@ def run_playbook(
         for m in _RECAP.finditer(output)
     }
     return PlaybookRun(rc=proc.returncode, output=output, recap=recap)
+
+
+def build_wheel(folder: Path, name: str, version: str) -> Path:
+    """A minimal pure-Python wheel (one module), for env tests that need no index."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = name.replace("-", "_")
+    module = f"{dist}.py"
+    files = {
+        module: f"VERSION = {version!r}\n",
+        f"{dist}-{version}.dist-info/METADATA": (
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        ),
+        f"{dist}-{version}.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: dflash-tests\nRoot-Is-Purelib: true\n"
+            "Tag: py3-none-any\n"
+        ),
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+    record.append(f"{dist}-{version}.dist-info/RECORD,,")
+    files[f"{dist}-{version}.dist-info/RECORD"] = "\n".join(record) + "\n"
+    wheel = folder / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+    return wheel

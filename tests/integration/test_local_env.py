@@ -1,0 +1,125 @@
+"""The environment lock on the local target: new lock -> new env, drift found by name and
+version, bad locks refused before any env changes. Small self-built wheels keep it fast."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, build_wheel
+
+PKG = "dflashtest-probe"
+
+
+@pytest.fixture
+def wheelhouse(tmp_path: Path, local_envs: Path) -> Path:
+    folder = tmp_path / "wheelhouse"
+    folder.mkdir()
+    for version in ("1.0", "1.1"):
+        build_wheel(folder, PKG, version)
+    # pip itself, so the env needs no pip (the local_envs fixture filled .build/wheelhouse).
+    for pip_wheel in (REPO / ".build" / "wheelhouse").glob("pip-*.whl"):
+        shutil.copy(pip_wheel, folder)
+    return folder
+
+
+def small_lock(wheelhouse: Path, version: str = "1.0", **extra) -> dict:
+    lock = {"python": "3.11", "wheels": {PKG: version}, "source": {"wheelhouse": str(wheelhouse)}}
+    lock.update(extra)
+    return lock
+
+
+def envs_of(root: Path) -> dict[str, str]:
+    """{env folder: installed probe version} read from each env's dist-info."""
+    found = {}
+    for env in sorted((root / "envs").iterdir()):
+        metas = list(env.glob("lib/python3*/site-packages/dflashtest_probe-*.dist-info"))
+        found[env.name] = metas[0].name.removesuffix(".dist-info").split("-")[1] if metas else None
+    return found
+
+
+@pytest.fixture
+def deploy(source_repo, playbook):
+    repo = source_repo("v1", {"dflash/__init__.py": "VERSION = 1\n"})
+
+    def run(lock: dict):
+        return playbook(
+            "deploy.yml", dflash_source_dir=str(repo), dflash_ref="v1", dflash_lock=lock
+        )
+
+    return run
+
+
+def test_new_lock_makes_new_env_and_keeps_the_old(deploy, wheelhouse, target_root):
+    first = deploy(small_lock(wheelhouse, "1.0"))
+    assert first.rc == 0, first.output
+    envs_before = envs_of(target_root)
+    again = deploy(small_lock(wheelhouse, "1.0"))
+    assert again.rc == 0 and again.changed() == 0, again.output
+
+    second = deploy(small_lock(wheelhouse, "1.1"))
+    assert second.rc == 0, second.output
+    envs_after = envs_of(target_root)
+    new = set(envs_after) - set(envs_before)
+    assert len(new) == 1 and envs_after[new.pop()] == "1.1"
+    for name, version in envs_before.items():
+        assert envs_after[name] == version, "an existing env was touched"
+    assert "1.0" in envs_before.values()
+
+
+def test_hand_changed_package_is_named_and_rebuilt(deploy, wheelhouse, target_root):
+    lock = small_lock(wheelhouse, "1.0")
+    assert deploy(lock).rc == 0
+    [env] = [name for name, version in envs_of(target_root).items() if version == "1.0"]
+    env_python = target_root / "envs" / env / "bin" / "python"
+    pip = next(wheelhouse.glob("pip-*.whl"))
+    subprocess.run(
+        [
+            str(env_python),
+            f"{pip}/pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--find-links",
+            str(wheelhouse),
+            f"{PKG}==1.1",
+        ],
+        check=True,
+        env=dict(os.environ, PIP_CONFIG_FILE=os.devnull),
+    )
+    assert envs_of(target_root)[env] == "1.1"
+
+    run = deploy(lock)
+    assert run.rc == 0, run.output
+    assert PKG in run.output and "'expected': '1.0'" in run.output.replace('"', "'")
+    assert "'found': '1.1'" in run.output.replace('"', "'")
+    assert envs_of(target_root)[env] == "1.0"
+
+
+def test_bad_locks_fail_before_any_env_changes(deploy, wheelhouse, target_root, tmp_path):
+    assert deploy(small_lock(wheelhouse, "1.0")).rc == 0
+    before = envs_of(target_root)
+    current = os.readlink(target_root / "current")
+    wheel = next(wheelhouse.glob("dflashtest_probe-1.0-*.whl"))
+    wrong_sha = hashlib.sha256(b"not the wheel").hexdigest()
+    cases = [
+        (small_lock(wheelhouse, "2.0"), [f"{PKG}==2.0", "versions 1.0, 1.1"]),
+        (small_lock(wheelhouse, "1.0-bad!"), ["'1.0-bad!'", "not a version"]),
+        (dict(small_lock(wheelhouse), python="3.99"), ["Python 3.99", "install python3.99"]),
+        (small_lock(wheelhouse, sha256={PKG: wrong_sha}), [wheel.name, wrong_sha]),
+        (small_lock(tmp_path / "nowhere"), ["nowhere", "not a folder"]),
+    ]
+    for lock, expected in cases:
+        run = deploy(lock)
+        assert run.rc != 0, lock
+        flat = " ".join(run.output.split())
+        for text in expected:
+            assert text in flat, (text, run.output)
+        assert envs_of(target_root) == before
+        assert os.readlink(target_root / "current") == current
