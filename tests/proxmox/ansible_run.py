@@ -1,0 +1,87 @@
+"""Run real ansible-playbook against the test bed and read each host's task results (JSON)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+
+# The module's connection arguments, from the variables the bed's inventory sets.
+PROXMOX_API_ARGS = {
+    "backend": "{{ proxmox_api_backend }}",
+    "api_host": "{{ proxmox_api_host }}",
+    "api_port": "{{ proxmox_api_port }}",
+    "api_user": "{{ proxmox_api_user }}",
+    "ssh_private_key_file": "{{ proxmox_api_private_key_file }}",
+    "node": "{{ proxmox_node }}",
+    "vmid": "{{ proxmox_vmid }}",
+}
+
+
+@dataclass
+class PlayRun:
+    rc: int
+    output: dict[str, Any]  # the ansible.posix.json callback's document
+    stderr: str
+
+    def results(self, task: str) -> dict[str, dict[str, Any]]:
+        """host -> result of the task named `task` (the last one of that name)."""
+        found: dict[str, dict[str, Any]] = {}
+        for play in self.output.get("plays", []):
+            for entry in play["tasks"]:
+                if entry["task"]["name"] == task:
+                    found.update(entry["hosts"])
+        return found
+
+    def stats(self, host: str) -> dict[str, int]:
+        return self.output["stats"][host]
+
+
+def run_playbook(
+    plays: list[dict[str, Any]], inventory: Path, workdir: Path, check: bool = False
+) -> PlayRun:
+    playbook = workdir / "playbook.yml"
+    playbook.write_text(json.dumps(plays, indent=1))  # JSON is YAML
+    env = dict(os.environ)
+    env.update(
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),  # the repo's settings, library/ included
+        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_LOCAL_TEMP=str(workdir / "ansible-tmp"),
+    )
+    cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), str(playbook)]
+    if check:
+        cmd.append("--check")
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    try:
+        output = json.loads(proc.stdout)
+    except ValueError as exc:
+        raise AssertionError(f"no JSON from ansible-playbook (rc {proc.returncode}):\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}") from exc  # fmt: skip
+    return PlayRun(proc.returncode, output, proc.stderr)
+
+
+def preflight_play(args: dict[str, Any], name: str = "preflight") -> dict[str, Any]:
+    """A play running dflash_proxmox once per container, on the controller."""
+    return {
+        "name": "dflash_proxmox over the test bed",
+        "hosts": "all",
+        "gather_facts": False,
+        "tasks": [
+            {
+                "name": name,
+                "dflash_proxmox": {**PROXMOX_API_ARGS, **args},
+                "delegate_to": "localhost",
+                "ignore_errors": True,
+            }
+        ],
+    }

@@ -1,0 +1,87 @@
+"""Tear a bed down by what it recorded: containers first, then sshd and anything left in the
+node's mount namespace, then its folder. Used by Testbed.down, the CLI and stale-bed reaping."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import procs, registry
+from .node import lxcctl
+from .node.nodecfg import NodeConfig
+from .procs import ProcRef
+
+
+def _mounts_under(root: Path) -> list[str]:
+    prefix = str(root)
+    targets = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        target = line.split()[4]
+        if target == prefix or target.startswith(prefix + "/"):
+            targets.append(target)
+    return targets
+
+
+def teardown(
+    name: str,
+    root: Path,
+    vmids: list[int],
+    node: str,
+    sshd: ProcRef | None,
+    log: Callable[[str], None],
+) -> None:
+    """Stop the containers, then sshd (the namespace holder), then remove the bed's folder."""
+    began = time.monotonic()
+    cfg = NodeConfig(node=node, root=str(root), base_rootfs="")
+    problems: list[str] = []
+    lxc_dirs = {int(p.name) for p in cfg.lxcpath.glob("*") if p.name.isdigit()}
+    for vmid in sorted(set(vmids) | lxc_dirs):
+        state, pid = lxcctl.info(cfg, vmid)
+        if state != "running":
+            continue
+        try:
+            lxcctl.stop(cfg, vmid)
+        except (lxcctl.LxcError, subprocess.TimeoutExpired) as exc:
+            problems.append(f"CT {vmid}: {exc}")
+        if pid and lxcctl.info(cfg, vmid)[0] == "running":
+            # lxc-stop failed: end the container's init by its pid
+            ref = procs.start_time(pid)
+            if ref is not None and not procs.stop(ProcRef(pid, ref, f"CT {vmid} init")):
+                problems.append(f"CT {vmid} init (pid {pid}) did not stop")
+    namespace = procs.mount_namespace(sshd.pid) if sshd is not None and sshd.alive() else None
+    if sshd is not None and not procs.stop(sshd):
+        problems.append(f"{sshd.what} (pid {sshd.pid}) did not stop")
+    if namespace is not None:
+        # sessions still running in the node's namespace keep its overlays alive: end them
+        for left in procs.pids_in_mount_namespace(namespace):
+            if not procs.stop(left, grace_s=1.0):
+                problems.append(f"pid {left.pid} in the node namespace did not stop")
+    for target in sorted(_mounts_under(root), key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", target], check=False, capture_output=True)
+    if _mounts_under(root):
+        problems.append(f"mounts remain under {root}; folder kept")
+    elif root.name.startswith("dflash-testbed-"):  # never delete a folder we did not create
+        shutil.rmtree(root, ignore_errors=True)
+    registry.remove(name)
+    if problems:
+        log("testbed: teardown problems: " + "; ".join(problems))
+    log(f"testbed: {name} down in {time.monotonic() - began:.1f} s")
+
+
+def teardown_state(state: dict[str, Any], log: Callable[[str], None]) -> None:
+    sshd = ProcRef.from_json(state["sshd"]) if state.get("sshd") else None
+    teardown(state["name"], Path(state["root"]), [int(v) for v in state["vmids"]],
+              state["node"], sshd, log)  # fmt: skip
+
+
+def reap_stale(log: Callable[[str], None]) -> None:
+    """Tear down beds whose owning pytest process no longer exists (it was killed)."""
+    for state in registry.load_all().values():
+        owner = ProcRef.from_json(state["owner"]) if state.get("owner") else None
+        if owner is not None and not owner.alive():
+            log(f"testbed: removing stale bed {state['name']} (owner pid {owner.pid} is gone)")
+            teardown_state(state, log)
