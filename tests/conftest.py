@@ -9,8 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.helpers import PlaybookRun, run_playbook
+from tests.helpers import REPO, PlaybookRun, run_playbook
 
 
 @pytest.fixture
@@ -42,18 +43,29 @@ def target_root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def local_envs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """envs/ of the local lock, built once per session by a real wheelhouse + deploy run.
+def local_wheelhouse() -> Path:
+    """The local lock's wheelhouse (.build/wheelhouse), filled by the real playbook."""
+    run = run_playbook("playbooks/wheelhouse.yml", {})
+    assert run.rc == 0, run.output
+    return REPO / ".build" / "wheelhouse"
+
+
+@pytest.fixture(scope="session")
+def local_lock() -> dict:
+    """The CPU lock of the embedded local inventory."""
+    inventory = yaml.safe_load((REPO / "inventory" / "local.yml").read_text())
+    return inventory["all"]["children"]["dflash_targets"]["hosts"]["local"]["dflash_lock"]
+
+
+@pytest.fixture(scope="session")
+def local_envs(tmp_path_factory: pytest.TempPathFactory, local_wheelhouse: Path) -> Path:
+    """envs/ of the local lock, built once per session by a real deploy run.
 
     Building the torch env takes ~40 s; tests that are not about the env start from a
     hard-linked copy of this one, which the env module then checks like any other."""
     root = tmp_path_factory.mktemp("envcache") / "dflash"
-    for name, variables in (
-        ("playbooks/wheelhouse.yml", {}),
-        ("deploy.yml", {"dflash_root": str(root)}),
-    ):
-        run = run_playbook(name, variables)
-        assert run.rc == 0, run.output
+    run = run_playbook("deploy.yml", {"dflash_root": str(root)})
+    assert run.rc == 0, run.output
     return root / "envs"
 
 
