@@ -10,6 +10,7 @@ from typing import Any
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
 )
+from dflash_layout import LayoutError, gpu_layout, trainer_env, trainer_flags
 from dflash_lock import lock_id, lock_problems
 from dflash_release import release_id_problem
 
@@ -117,6 +118,27 @@ def dflash_report_lines(findings: list[dict]) -> list[str]:
     return lines
 
 
+def dflash_run_spec(data: dict) -> dict:
+    """What run.sh will say, validated: GPU layout, trainer flags (one [flag, value?] group
+    per line of run.sh) and environment; `problems` lists every bad input, each naming the
+    value and the fix."""
+    spec: dict = {"problems": []}
+    checks = {
+        "layout": lambda: gpu_layout(
+            data.get("target_gpus"), data.get("drafter_gpus"), bool(data.get("colocated")),
+            data.get("visible"),
+        ),
+        "flags": lambda: trainer_flags(data.get("args") or {}),
+        "env": lambda: trainer_env(data.get("env") or {}),
+    }  # fmt: skip
+    for key, check in checks.items():
+        try:
+            spec[key] = check()
+        except LayoutError as err:
+            spec["problems"].append(str(err))
+    return spec
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -125,4 +147,5 @@ class FilterModule:
             "dflash_release_problem": release_id_problem,
             "dflash_lock_problems": lock_problems,
             "dflash_lock_id": lock_id,
+            "dflash_run_spec": dflash_run_spec,
         }

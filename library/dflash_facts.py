@@ -68,12 +68,23 @@ previous_deployment:
   description: The default rollback target (the release deployed before current).
   type: str
   returned: always
+gpus:
+  description: GPUs visible in the target (index, name, uuid, driver); null without nvidia-smi.
+  type: list
+  elements: dict
+  returned: always
+run_sh:
+  description: C(path), C(content) and C(sha256) of run.sh (content null when missing).
+  type: dict
+  returned: always
 """
 
 import os
+import shutil
+import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_release import is_ignored_path, sha256_file, tree_sha256
+from ansible.module_utils.dflash_release import file_drift, sha256_bytes, tree_sha256
 from ansible.module_utils.dflash_state import (
     CURRENT,
     RELEASES,
@@ -86,24 +97,32 @@ from ansible.module_utils.dflash_state import (
 )
 
 
-def file_drift(folder: str, manifest: dict) -> dict:
-    expected: dict = manifest.get("files", {})
-    changed, missing = [], []
-    for rel, sha in sorted(expected.items()):
-        path = os.path.join(folder, rel)
-        if not os.path.isfile(path):
-            missing.append(rel)
-        elif sha256_file(path) != sha:
-            changed.append(rel)
-    on_disk = set()
-    for parent, dirs, names in os.walk(folder):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        for name in names:
-            rel = os.path.relpath(os.path.join(parent, name), folder).replace(os.sep, "/")
-            if rel != "MANIFEST.json" and not is_ignored_path(rel):
-                on_disk.add(rel)
-    extra = sorted(on_disk - set(expected))
-    return {"changed": changed, "missing": missing, "extra": extra}
+def gpus() -> list[dict] | None:
+    """The GPUs this container sees (nvidia-smi), or None where there is no nvidia-smi."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    proc = subprocess.run(
+        [smi, "--query-gpu=index,name,uuid,driver_version", "--format=csv,noheader"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    found = []
+    for line in proc.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4 and parts[0].isdigit():
+            found.append({"index": int(parts[0]), "name": parts[1], "uuid": parts[2],
+                          "driver": parts[3]})  # fmt: skip
+    return found
+
+
+def run_script(root: str) -> dict:
+    path = os.path.join(root, "run.sh")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return {"path": path, "content": None, "sha256": None}
+    return {"path": path, "content": data.decode(errors="replace"), "sha256": sha256_bytes(data)}
 
 
 def gather(root: str, checksums: bool, history_limit: int) -> dict:
@@ -128,6 +147,8 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
         "history": history[-history_limit:] if history_limit > 0 else [],
         "previous_deployment": previous_deployment(history, release, available),
         "stale_temp": stale_temp_dirs(root),
+        "gpus": gpus(),
+        "run_sh": run_script(root),
     }
     if release:
         folder = os.path.join(root, RELEASES, release)

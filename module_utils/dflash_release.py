@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import re
 import tarfile
 
@@ -84,3 +85,24 @@ def build_archive(contents: dict[str, tuple[bytes, int]], manifest: dict, mtime:
 
 def manifest_bytes(manifest: dict) -> bytes:
     return (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+
+
+def file_drift(folder: str, manifest: dict) -> dict:
+    """Files of a release folder against its manifest: changed, missing and extra paths."""
+    expected: dict = manifest.get("files", {})
+    changed, missing = [], []
+    for rel, sha in sorted(expected.items()):
+        path = os.path.join(folder, rel)
+        if not os.path.isfile(path):
+            missing.append(rel)
+        elif sha256_file(path) != sha:
+            changed.append(rel)
+    on_disk = set()
+    for parent, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in names:
+            rel = os.path.relpath(os.path.join(parent, name), folder).replace(os.sep, "/")
+            if rel != MANIFEST_NAME and not is_ignored_path(rel):
+                on_disk.add(rel)
+    extra = sorted(on_disk - set(expected))
+    return {"changed": changed, "missing": missing, "extra": extra}

@@ -64,7 +64,7 @@ def local_envs(tmp_path_factory: pytest.TempPathFactory, local_wheelhouse: Path)
     Building the torch env takes ~40 s; tests that are not about the env start from a
     hard-linked copy of this one, which the env module then checks like any other."""
     root = tmp_path_factory.mktemp("envcache") / "dflash"
-    run = run_playbook("deploy.yml", {"dflash_root": str(root)})
+    run = run_playbook("deploy.yml", {"dflash_root": str(root), "dflash_launch": False})
     assert run.rc == 0, run.output
     return root / "envs"
 
@@ -78,7 +78,12 @@ def playbook(tmp_path: Path, target_root: Path, local_envs: Path) -> Callable[..
     def run(name: str, **extravars: object) -> PlaybookRun:
         check = bool(extravars.pop("_check", False))
         tags = extravars.pop("_tags", None)
-        variables = {"dflash_root": str(target_root), "dflash_verify_json": str(report)}
+        # These tests deploy small fake packages: no trainer to launch unless a test asks.
+        variables = {
+            "dflash_root": str(target_root),
+            "dflash_verify_json": str(report),
+            "dflash_launch": False,
+        }
         variables.update(extravars)
         if variables["dflash_root"] == str(target_root) and not target_root.exists():
             target_root.mkdir()

@@ -1,0 +1,141 @@
+# The trainer's launch data (inventory): GPU roles, trainer flags and environment variables,
+# validated before anything is rendered, so that run.sh can only say what the data says.
+from __future__ import annotations
+
+import re
+
+_FLAG_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Set by the toolkit itself in run.sh; inventory data may not override them.
+RESERVED_FLAGS = {"target_gpus", "drafter_gpus", "checkpoint_dir", "status_file", "run_id"}
+RESERVED_ENV_PREFIXES = ("DFLASH_",)
+RESERVED_ENV = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTHONDONTWRITEBYTECODE"}
+
+
+class LayoutError(ValueError):
+    pass
+
+
+def parse_gpus(value: object, name: str) -> list[int]:
+    """[0, 1, 2] from a list of ints, '0-2', '0,1,2', '0-1,2'; [] from None or ''."""
+    if value is None or value == "" or value == []:
+        return []
+    if isinstance(value, int) and not isinstance(value, bool):
+        items: list[object] = [value]
+    elif isinstance(value, str):
+        items = [part.strip() for part in value.split(",")]
+    elif isinstance(value, list):
+        items = value
+    else:
+        raise LayoutError(f"{name} {value!r} is not a GPU list; use a list like [5, 6, 7] or '5-7'")
+    gpus: list[int] = []
+    for item in items:
+        text = str(item).strip()
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", text)
+        if isinstance(item, bool) or not match:
+            raise LayoutError(
+                f"{name} '{value}': '{text}' is not a GPU index or range; "
+                "use a list like [5, 6, 7] or a range like '5-7'"
+            )
+        low, high = int(match[1]), int(match[2] or match[1])
+        if high < low:
+            raise LayoutError(
+                f"{name} '{value}': range '{text}' runs backwards; write '{high}-{low}'"
+            )
+        gpus.extend(range(low, high + 1))
+    duplicates = sorted({g for g in gpus if gpus.count(g) > 1})
+    if duplicates:
+        raise LayoutError(f"{name} '{value}' names GPU {duplicates} more than once")
+    return gpus
+
+
+def gpu_layout(
+    target: object, drafter: object, colocated: bool = False, visible: list[int] | None = None
+) -> dict:
+    """The validated GPU roles: {target, drafter, mode}; a LayoutError names what is wrong."""
+    target_gpus = parse_gpus(target, "dflash_target_gpus")
+    drafter_gpus = parse_gpus(drafter, "dflash_drafter_gpus")
+    if not target_gpus and not drafter_gpus:
+        return {"target": [], "drafter": [], "mode": "cpu"}
+    if not target_gpus or not drafter_gpus:
+        raise LayoutError(
+            f"dflash_target_gpus {target_gpus} and dflash_drafter_gpus {drafter_gpus}: give both "
+            "(equal lists with dflash_colocated: true, or disjoint lists), or neither for CPU mode"
+        )
+    overlap = sorted(set(target_gpus) & set(drafter_gpus))
+    if colocated and sorted(target_gpus) != sorted(drafter_gpus):
+        raise LayoutError(
+            f"dflash_colocated is true but dflash_target_gpus {target_gpus} and "
+            f"dflash_drafter_gpus {drafter_gpus} differ; colocated mode runs both on the same GPUs"
+        )
+    if not colocated and overlap:
+        raise LayoutError(
+            f"GPU {overlap} is in both dflash_target_gpus {target_gpus} and dflash_drafter_gpus "
+            f"{drafter_gpus}; make them disjoint, or set dflash_colocated: true with equal lists"
+        )
+    if visible is not None:
+        missing = sorted(set(target_gpus + drafter_gpus) - set(visible))
+        if missing:
+            raise LayoutError(
+                f"GPU {missing} is not visible in the container (nvidia-smi lists "
+                f"{sorted(visible) or 'no GPU'}); pass it through in the container config or "
+                "change dflash_target_gpus / dflash_drafter_gpus"
+            )
+    return {
+        "target": target_gpus,
+        "drafter": drafter_gpus,
+        "mode": "colocated" if colocated else "split",
+    }
+
+
+def trainer_flags(args: object) -> list[list[str]]:
+    """[flag, value] groups from the trainer-args mapping; True is a bare flag, False/None none."""
+    if not isinstance(args, dict):
+        raise LayoutError(f"dflash_trainer_args must be a mapping of flag: value, got {args!r}")
+    groups: list[list[str]] = []
+    for key, value in args.items():
+        if not _FLAG_RE.match(str(key)):
+            raise LayoutError(
+                f"dflash_trainer_args key '{key}' is not a flag name; write it like token_budget"
+            )
+        if key in RESERVED_FLAGS:
+            raise LayoutError(
+                f"dflash_trainer_args sets '{key}', which the toolkit sets itself; use "
+                "dflash_target_gpus / dflash_drafter_gpus, or leave it out"
+            )
+        flag = "--" + str(key).replace("_", "-")
+        if value is True:
+            groups.append([flag])
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (dict, list)):
+            raise LayoutError(f"dflash_trainer_args.{key} {value!r} must be a single value")
+        else:
+            groups.append([flag, checked_value(str(value), f"dflash_trainer_args.{key}")])
+    return groups
+
+
+def trainer_env(env: object) -> dict[str, str]:
+    if not isinstance(env, dict):
+        raise LayoutError(f"dflash_trainer_env must be a mapping of NAME: value, got {env!r}")
+    out = {}
+    for name, value in env.items():
+        if not _ENV_RE.match(str(name)):
+            raise LayoutError(
+                f"dflash_trainer_env name '{name}' is not an environment variable name"
+            )
+        if name in RESERVED_ENV or str(name).startswith(RESERVED_ENV_PREFIXES):
+            raise LayoutError(
+                f"dflash_trainer_env sets {name}, which run.sh sets itself; leave it out"
+            )
+        out[str(name)] = checked_value(
+            "" if value is None else str(value), f"dflash_trainer_env.{name}"
+        )
+    return out
+
+
+def checked_value(value: str, name: str) -> str:
+    # Quoting makes every other character safe; a NUL cannot be passed through exec at all.
+    if "\0" in value:
+        raise LayoutError(f"{name} contains a NUL byte, which no argument or variable can hold")
+    return value

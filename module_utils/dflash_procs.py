@@ -1,0 +1,117 @@
+# Finding and stopping the trainers of one state root through /proc, so that a stray started
+# by hand is found as surely as the one the launcher started.
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+ROOT_MARKER = "DFLASH_ROOT"
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _ancestors() -> set[int]:
+    """This process and its parents: never ours to stop."""
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        stat = _read(f"/proc/{pid}/stat")
+        if not stat:
+            break
+        pid = int(stat.rsplit(b")", 1)[1].split()[1])
+    return pids
+
+
+def process_info(pid: int) -> dict | None:
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    fields = stat.rsplit(b")", 1)[1].split()
+    if fields[0] == b"Z":  # exited, waiting for its parent: nothing left to stop
+        return None
+    environ = dict(
+        item.split(b"=", 1) for item in (_read(f"/proc/{pid}/environ") or b"").split(b"\0")
+        if b"=" in item
+    )  # fmt: skip
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        cwd = ""
+    return {
+        "pid": pid,
+        "pgid": int(fields[2]),
+        "start_ticks": int(fields[19]),
+        "cmdline": (_read(f"/proc/{pid}/cmdline") or b"").replace(b"\0", b" ").decode(
+            errors="replace").strip(),
+        "environ": environ,
+        "cwd": cwd,
+    }  # fmt: skip
+
+
+def is_trainer_of(info: dict, root: str) -> bool:
+    """Ours: marked by run.sh's environment, or a dflash.train running inside our releases."""
+    root = os.path.realpath(root)
+    if info["environ"].get(ROOT_MARKER.encode()) == root.encode():
+        return True
+    inside = info["cwd"] == root or info["cwd"].startswith(root + os.sep)
+    return "dflash.train" in info["cmdline"] and inside
+
+
+def find_trainers(root: str) -> list[dict]:
+    skip = _ancestors()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in skip:
+            continue
+        info = process_info(int(name))
+        if info and is_trainer_of(info, root):
+            info["run_id"] = info["environ"].get(b"DFLASH_RUN_ID", b"").decode() or None
+            del info["environ"]
+            found.append(info)
+    return sorted(found, key=lambda item: item["pid"])
+
+
+def alive(info: dict) -> bool:
+    """Still the same process (a reused pid has another start time)."""
+    now = process_info(info["pid"])
+    return now is not None and now["start_ticks"] == info["start_ticks"]
+
+
+def _signal(info: dict, sig: int) -> None:
+    try:
+        # A process group we made with setsid goes as a whole (torchrun and its workers); a
+        # stray started from a shell shares the shell's group, so only the process itself.
+        if info["pgid"] == info["pid"]:
+            os.killpg(info["pgid"], sig)
+        else:
+            os.kill(info["pid"], sig)
+    except ProcessLookupError:
+        pass
+
+
+def stop_all(trainers: list[dict], timeout: float) -> dict:
+    """SIGTERM, wait up to `timeout` s, SIGKILL what is left; returns what happened to whom."""
+    for info in trainers:
+        _signal(info, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(i) for i in trainers):
+        time.sleep(0.1)
+    killed = [i["pid"] for i in trainers if alive(i)]
+    for info in trainers:
+        if alive(info):
+            _signal(info, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(i) for i in trainers):
+        time.sleep(0.05)
+    return {
+        "terminated": [i["pid"] for i in trainers if i["pid"] not in killed],
+        "killed": killed,
+        "survivors": [i["pid"] for i in trainers if alive(i)],
+    }
