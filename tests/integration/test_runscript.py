@@ -1,0 +1,161 @@
+"""run.sh as the runscript role renders it: the documented field layout, shellcheck-clean,
+and hostile values passed through verbatim (no breakage, no injection)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_playbook
+
+# The real field layout of the Proxmox example (README, inventory/proxmox.example.yml).
+FIELD = {
+    "dflash_target_gpus": "0-4",
+    "dflash_drafter_gpus": "5-7",
+    "dflash_trainer_args": {
+        "target_model": "/models/Qwen3-8B",
+        "token_budget": 49152,
+        "max_seq_len": 8192,
+        "compile_drafter": False,
+    },
+    "dflash_trainer_env": {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:512",
+        "CUDA_MODULE_LOADING": "LAZY",
+    },
+}
+# argv[1:] and the environment as the program exec'd by run.sh sees them.
+FAKE_PYTHON = """#!/usr/bin/env python3
+import json, os, sys
+json.dump({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()},
+          open(os.environ["CAPTURE"], "w"))
+"""
+
+
+def render(tmp_path: Path, **variables) -> tuple[object, Path]:
+    root = tmp_path / "root"
+    (root / "releases" / "r1").mkdir(parents=True, exist_ok=True)
+    if not (root / "current").exists():
+        (root / "current").symlink_to("releases/r1")
+    python = tmp_path / "fake-python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    base = {
+        "dflash_root": str(root),
+        "dflash_runscript_python": str(python),
+        "dflash_runscript_cache_dir": str(root / "cache" / "fp"),
+        "dflash_target_gpus": [],
+        "dflash_drafter_gpus": [],
+        "dflash_trainer_args": {},
+        "dflash_trainer_env": {},
+    }
+    base.update(variables)
+    return run_playbook("tests/playbooks/render_runscript.yml", base), root / "run.sh"
+
+
+def execute(run_sh: Path, tmp_path: Path) -> dict:
+    capture = tmp_path / "capture.json"
+    env = {"PATH": os.environ["PATH"], "DFLASH_RUN_ID": "run-1", "CAPTURE": str(capture)}
+    subprocess.run(["bash", str(run_sh)], env=env, check=True)
+    return json.loads(capture.read_text())
+
+
+def test_field_layout_renders_as_documented(tmp_path):
+    run, run_sh = render(tmp_path, **FIELD)
+    assert run.rc == 0, run.output
+    seen = execute(run_sh, tmp_path)
+    argv = seen["argv"]
+    assert argv[:4] == ["-m", "torch.distributed.run", "--nproc-per-node", "8"]
+    module = argv.index("-m", 1)
+    train = argv[module + 1 :]
+    assert train[0] == "dflash.train"
+    pairs = dict(zip(train[1::2], train[2::2], strict=False))
+    assert pairs["--target-gpus"] == "0,1,2,3,4"
+    assert pairs["--drafter-gpus"] == "5,6,7"
+    assert pairs["--token-budget"] == "49152" and pairs["--max-seq-len"] == "8192"
+    assert "--compile-drafter" not in train
+    assert (
+        seen["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True,max_split_size_mb:512"
+    )
+    assert seen["env"]["CUDA_MODULE_LOADING"] == "LAZY"
+    assert seen["env"]["TORCHINDUCTOR_CACHE_DIR"].endswith("/cache/fp")
+    assert seen["env"]["TRITON_CACHE_DIR"].endswith("/cache/fp/triton")
+    assert seen["env"]["DFLASH_ROOT"] == str(tmp_path / "root")
+    assert seen["cwd"] == str(tmp_path / "root" / "releases" / "r1")
+
+
+HOSTILE = [
+    "two words",
+    'it\'s "quoted"',
+    "$(touch {marker})",
+    "`touch {marker}`",
+    "; touch {marker}",
+    "line1\nline2",
+    "--checkpoint-dir=/etc",
+    "$HOME ${{PATH}} \\ * ?",
+]
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_hostile_values_pass_verbatim_and_shellcheck_is_clean(tmp_path):
+    marker = tmp_path / "injected"
+    values = [v.format(marker=marker) for v in HOSTILE]
+    args = {f"flag_{i}": value for i, value in enumerate(values)}
+    env = {f"VAR_{i}": value for i, value in enumerate(values)}
+    run, run_sh = render(tmp_path, dflash_trainer_args=args, dflash_trainer_env=env)
+    assert run.rc == 0, run.output
+    check = subprocess.run(["shellcheck", str(run_sh)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+    seen = execute(run_sh, tmp_path)
+    assert not marker.exists(), "a value ran as a command"
+    for i, value in enumerate(values):
+        position = seen["argv"].index(f"--flag-{i}")
+        assert seen["argv"][position + 1] == value
+        assert seen["env"][f"VAR_{i}"] == value
+    # The toolkit's own flags come last and cannot be overridden by a value.
+    assert seen["argv"][-6:] == [
+        "--checkpoint-dir", f"{tmp_path}/root/checkpoints",
+        "--status-file", f"{tmp_path}/root/runs/run-1/status.json",
+        "--run-id", "run-1",
+    ]  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_cpu_layout_runs_python_directly_and_is_shellcheck_clean(tmp_path):
+    run, run_sh = render(tmp_path, dflash_trainer_args={"target_model": "tiny"})
+    assert run.rc == 0, run.output
+    assert subprocess.run(["shellcheck", str(run_sh)]).returncode == 0
+    seen = execute(run_sh, tmp_path)
+    assert seen["argv"][:4] == ["-m", "dflash.train", "--target-model", "tiny"]
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        ({"dflash_target_gpus": "0-4", "dflash_drafter_gpus": "4-7"}, "GPU [4] is in both"),
+        ({"dflash_target_gpus": "0-x", "dflash_drafter_gpus": "5"}, "'0-x' is not a GPU"),
+        ({"dflash_target_gpus": [0, 0], "dflash_drafter_gpus": [1]}, "more than once"),
+        ({"dflash_target_gpus": [0], "dflash_drafter_gpus": []}, "give both"),
+        (
+            {"dflash_target_gpus": [0, 1], "dflash_drafter_gpus": [0], "dflash_colocated": True},
+            "colocated mode runs both",
+        ),
+        (
+            {"dflash_target_gpus": [0], "dflash_drafter_gpus": [9], "dflash_test_visible": [0, 1]},
+            "GPU [9] is not visible",
+        ),
+        ({"dflash_trainer_args": {"run_id": "x"}}, "which the toolkit sets itself"),
+        ({"dflash_trainer_args": {"Bad-Flag": 1}}, "'Bad-Flag' is not a flag name"),
+        ({"dflash_trainer_env": {"A B": "1"}}, "'A B' is not an environment variable name"),
+        ({"dflash_trainer_env": {"DFLASH_ROOT": "/x"}}, "which run.sh sets itself"),
+    ],
+)
+def test_bad_layouts_and_values_are_refused(tmp_path, variables, expected):
+    run, run_sh = render(tmp_path, **variables)
+    assert run.rc != 0
+    assert expected in " ".join(run.output.split())
+    assert not run_sh.exists()
