@@ -1,0 +1,166 @@
+"""The launch step on the local target with the real trainer: one healthy trainer, strays and
+SIGTERM-deaf processes stopped, a crashing release replaced by the previous one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+# Short enough for CPU tests, long enough that the trainer is still running when checked.
+TRAINER_ARGS = {"target_model": "tiny", "gen_samples": 64, "checkpoint_every": 50}
+
+
+@pytest.fixture
+def trainer_repo(source_repo) -> Path:
+    """A git checkout holding a copy of the real dflash/ package, tagged v1."""
+    files = {
+        str(path.relative_to(REPO)): path.read_text()
+        for path in (REPO / "dflash").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    return source_repo("v1", files)
+
+
+@pytest.fixture
+def deploy(trainer_repo, playbook, target_root):
+    started: list[int] = []
+
+    def run(ref: str, **extravars):
+        extravars.setdefault("dflash_trainer_args", TRAINER_ARGS)
+        result = playbook(
+            "deploy.yml", dflash_source_dir=str(trainer_repo), dflash_ref=ref,
+            dflash_launch=True, dflash_health_timeout=180, **extravars,
+        )  # fmt: skip
+        record = read_json(target_root / "trainer.json")
+        if record:
+            started.append(record["pid"])
+        return result
+
+    yield run
+    stop = playbook("playbooks/stop.yml", dflash_stop_timeout=20)
+    assert stop.rc == 0, stop.output
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def status_of(root: Path) -> dict:
+    return read_json(root / "runs" / "latest" / "status.json") or {}
+
+
+def add_release(repo: Path, tag: str, path: str, text: str) -> None:
+    with open(repo / path, "a") as handle:
+        handle.write(text)
+    git = ["git", "-C", str(repo), "-c", "user.email=t@example.invalid", "-c", "user.name=t"]
+    subprocess.run([*git, "commit", "-qam", tag], check=True)
+    subprocess.run([*git, "tag", tag], check=True)
+
+
+def test_healthy_launch_no_restart_then_clean_switch(deploy, trainer_repo, target_root):
+    first = deploy("v1")
+    assert first.rc == 0, first.output
+    record = read_json(target_root / "trainer.json")
+    status = status_of(target_root)
+    manifest = read_json(target_root / "current" / "MANIFEST.json")
+    assert status["state"] == "running" and status["step"] >= 1
+    assert status["code_tree_sha256"] == manifest["tree_sha256"]
+    assert status["pid"] == record["pid"] and alive(record["pid"])
+    assert "tokens/s" in first.output
+
+    again = deploy("v1")
+    assert again.rc == 0 and again.changed() == 0, again.output
+    assert read_json(target_root / "trainer.json")["pid"] == record["pid"]
+
+    add_release(trainer_repo, "v2", "dflash/__init__.py", "# v2\n")
+    second = deploy("v2")
+    assert second.rc == 0, second.output
+    new = read_json(target_root / "trainer.json")
+    assert new["pid"] != record["pid"] and not alive(record["pid"])
+    assert new["run_id"] != record["run_id"]
+    new_log = (target_root / "runs" / new["run_id"] / "train.log").read_text()
+    assert record["run_id"] not in new_log and new["run_id"] in new_log
+    # The old trainer checkpointed on SIGTERM; the checkpoint folder survived the restart.
+    assert list((target_root / "checkpoints").glob("*.pt"))
+    history = [json.loads(x) for x in (target_root / "history.jsonl").read_text().splitlines()]
+    assert [(e["release"], e["result"]) for e in history] == [("v1", "healthy"), ("v2", "healthy")]
+    assert history[-1]["run_id"] == new["run_id"] and history[-1]["tokens_per_s"]
+    assert history[-1]["run_sh_sha256"] and "dflash.train" in history[-1]["run_sh_text"]
+
+
+def test_stray_and_sigterm_deaf_trainers_are_stopped(deploy, target_root):
+    assert deploy("v1").rc == 0
+    env_python = next((target_root / "envs").glob("*/bin/python"))
+    # A stray started by hand from the release folder, without run.sh's marker.
+    stray = subprocess.Popen(
+        [str(env_python), "-m", "dflash.train", "--target-model", "tiny", "--max-steps",
+         "100000", "--checkpoint-dir", str(target_root / "stray-ck"),
+         "--status-file", str(target_root / "stray-status.json")],
+        cwd=os.path.realpath(target_root / "current"), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    # A process carrying the marker that ignores SIGTERM.
+    deaf = subprocess.Popen(
+        [sys.executable, "-c",
+         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"],
+        env=dict(os.environ, DFLASH_ROOT=os.path.realpath(target_root)),
+    )  # fmt: skip
+    time.sleep(1)
+    try:
+        run = deploy("v1", dflash_restart=True, dflash_stop_timeout=3)
+        assert run.rc == 0, run.output
+        assert stray.wait(timeout=30) is not None
+        assert deaf.wait(timeout=30) == -signal.SIGKILL
+        flat = " ".join(run.output.split())
+        assert "killed" in flat and str(deaf.pid) in flat
+        record = read_json(target_root / "trainer.json")
+        assert alive(record["pid"]) and status_of(target_root)["state"] == "running"
+    finally:
+        for proc in (stray, deaf):
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_crash_at_start_puts_the_previous_release_back(deploy, trainer_repo, target_root):
+    assert deploy("v1").rc == 0
+    good = read_json(target_root / "trainer.json")
+    add_release(
+        trainer_repo, "crash", "dflash/__init__.py",
+        "\nraise RuntimeError('boom: this release cannot start')\n",
+    )  # fmt: skip
+    run = deploy("crash")
+    assert run.rc != 0
+    flat = " ".join(run.output.split())
+    assert "boom: this release cannot start" in flat, "the log tail is missing"
+    assert "Release v1 is current again and its trainer runs" in flat
+    assert os.readlink(target_root / "current") == "releases/v1"
+    back = read_json(target_root / "trainer.json")
+    assert back["pid"] != good["pid"] and alive(back["pid"])
+    manifest = read_json(target_root / "current" / "MANIFEST.json")
+    deadline = time.monotonic() + 60
+    while status_of(target_root).get("step", 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert status_of(target_root)["code_tree_sha256"] == manifest["tree_sha256"]
+    history = [json.loads(x) for x in (target_root / "history.jsonl").read_text().splitlines()]
+    assert history[-1]["release"] == "crash" and history[-1]["result"] == "rolled_back"
+    assert "boom" in history[-1]["error"]
