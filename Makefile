@@ -1,5 +1,5 @@
 # Two commands do all the set-up (README "Quick start"):
-#   make demo   deploy to the embedded local target, then verify it
+#   make demo   deploy to the embedded local target (a CPU trainer), then verify it
 #   make test   lint everything and run the test suite
 PYTHON ?= python3
 VENV := .venv
@@ -23,8 +23,10 @@ $(STAMP): pyproject.toml
 	touch $@
 
 demo: venv
+	ansible-playbook playbooks/wheelhouse.yml
 	ansible-playbook deploy.yml
 	ansible-playbook verify.yml
+	@echo "The CPU trainer keeps training in sandbox/; stop it with: .venv/bin/ansible-playbook playbooks/stop.yml"
 
 lint: venv
 	ruff check .
