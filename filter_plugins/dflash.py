@@ -101,9 +101,151 @@ def code_findings(facts: dict) -> list[dict]:
     return out
 
 
-def dflash_findings(facts: dict) -> list[dict]:
+RUNNING_STATES = ("starting", "warming", "running", "checkpointing")
+
+
+def trainer_findings(facts: dict, heartbeat_max_age: float) -> list[dict]:
+    current = (facts.get("current") or {}).get("release")
+    tree = ((facts.get("current") or {}).get("manifest") or {}).get("tree_sha256")
+    deployment = facts.get("deployment") or {}
+    processes = (facts.get("trainers") or {}).get("processes") or []
+    # One trainer is one process group (torchrun and its workers share it).
+    groups: dict[int, list[dict]] = {}
+    for proc in processes:
+        groups.setdefault(proc["pgid"], []).append(proc)
+    out = []
+    if not groups and deployment.get("result") == "healthy":
+        out.append(
+            finding(
+                "not_running",
+                f"a trainer of release {current}",
+                "no trainer process",
+                "read runs/latest/train.log, then deploy.yml -e dflash_restart=true",
+            )
+        )
+    if len(groups) > 1:
+        pids = sorted(min(p["pid"] for p in group) for group in groups.values())
+        out.append(
+            finding(
+                "duplicate_trainer",
+                "one trainer",
+                f"{len(groups)} trainers: pids {pids}",
+                "deploy.yml -e dflash_restart=true stops them all and starts one",
+                pids=pids,
+            )
+        )
+    for group in groups.values():
+        leader = min(group, key=lambda p: p["pid"])
+        status = next((p["status"] for p in group if p.get("status")), None) or {}
+        runs_tree = status.get("code_tree_sha256")
+        if (runs_tree and runs_tree != tree) or (leader.get("release") not in (None, current)):
+            out.append(
+                finding(
+                    "stale_process",
+                    f"code of release {current} ({(tree or '')[:12]})",
+                    f"pid {leader['pid']} runs release {leader.get('release')} "
+                    f"({(runs_tree or 'unknown')[:12]}) since {leader.get('started_at')}",
+                    "deploy.yml -e dflash_restart=true replaces it",
+                    pid=leader["pid"],
+                )
+            )
+        age = next((p["heartbeat_age_s"] for p in group if p.get("heartbeat_age_s") is not None),
+                   None)  # fmt: skip
+        if status.get("state") in RUNNING_STATES and age is not None and age > heartbeat_max_age:
+            out.append(
+                finding(
+                    "heartbeat_stale",
+                    f"status.json updated within {heartbeat_max_age:g} s",
+                    f"pid {leader['pid']}: last update {age:g} s ago (step {status.get('step')})",
+                    "the trainer hangs: read its train.log, then deploy.yml -e dflash_restart=true",
+                    pid=leader["pid"],
+                )
+            )
+    return out
+
+
+def setup_findings(facts: dict) -> list[dict]:
+    """run.sh, env and cache against what the deployment of current recorded."""
+    deployment = facts.get("deployment") or {}
+    if not deployment:
+        return []
+    out = []
+    run_sh = facts.get("run_sh") or {}
+    if deployment.get("run_sh_sha256") and run_sh.get("sha256") != deployment["run_sh_sha256"]:
+        out.append(
+            finding(
+                "run_script",
+                deployment["run_sh_sha256"],
+                run_sh.get("sha256") or "run.sh missing",
+                "run.sh was edited on the target; deploy.yml renders it again",
+                path=run_sh.get("path"),
+            )
+        )
+    env = facts.get("environment")
+    if env and not env.get("exists"):
+        out.append(
+            finding(
+                "environment",
+                f"env {env['lock_id']}",
+                "missing",
+                "deploy.yml builds it again",
+                path=env.get("path"),
+            )
+        )
+    for item in (env or {}).get("drift", []):
+        out.append(
+            finding(
+                "environment",
+                f"{item['package']}=={item['expected']}",
+                f"{item['package']}=={item['found']}",
+                "the env was changed by hand; deploy.yml rebuilds it from the lock",
+                package=item["package"],
+            )
+        )
+    cache = facts.get("cache")
+    tree = ((facts.get("current") or {}).get("manifest") or {}).get("tree_sha256")
+    lock = deployment.get("lock") or {}
+    if cache and not cache.get("exists"):
+        out.append(
+            finding(
+                "cache", cache["path"], "missing", "deploy.yml creates it again", path=cache["path"]
+            )
+        )
+    built = (cache or {}).get("built_by")
+    if built and (built.get("tree_sha256") != tree or built.get("torch") != lock.get("torch")
+                  or built.get("triton") != lock.get("triton")):  # fmt: skip
+        out.append(
+            finding(
+                "cache",
+                f"built by torch {lock.get('torch')} for tree {tree[:12]}",
+                f"built by torch {built.get('torch')} for tree "
+                f"{str(built.get('tree_sha256'))[:12]}",
+                "a cache of another build is in place; deploy.yml -e dflash_compile_cache=clear",
+                path=cache["path"],
+            )
+        )
+    for proc in (facts.get("trainers") or {}).get("processes") or []:
+        if cache and proc.get("cache_dir") and proc["cache_dir"] != cache["path"]:
+            out.append(
+                finding(
+                    "cache",
+                    cache["path"],
+                    f"pid {proc['pid']} uses {proc['cache_dir']}",
+                    "restart it through deploy.yml -e dflash_restart=true",
+                    pid=proc["pid"],
+                )
+            )
+    return out
+
+
+def dflash_findings(facts: dict, heartbeat_max_age: float = 60) -> list[dict]:
     """Every drift in one target's facts document; an empty list means the target is clean."""
-    return release_findings(facts) + code_findings(facts)
+    return (
+        release_findings(facts)
+        + code_findings(facts)
+        + trainer_findings(facts, heartbeat_max_age)
+        + setup_findings(facts)
+    )
 
 
 def dflash_report_lines(findings: list[dict]) -> list[str]:
@@ -112,7 +254,7 @@ def dflash_report_lines(findings: list[dict]) -> list[str]:
         return ["OK: no drift"]
     lines = [f"{'KIND':<18} {'WHAT':<34} {'EXPECTED':<32} FOUND"]
     for item in findings:
-        what = item.get("path", "")
+        what = str(item.get("path") or item.get("package") or item.get("pid") or "")
         lines.append(f"{item['kind']:<18} {what:<34} {item['expected']!s:<32} {item['found']}")
         lines.append(f"{'':<18} fix: {item['hint']}")
     return lines

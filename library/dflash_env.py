@@ -73,10 +73,12 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_lock import (
+    installed_versions,
     lock_id,
     lock_problems,
     normalize,
     pinned,
+    version_drift,
     wheel_name_version,
 )
 from ansible.module_utils.dflash_release import sha256_file
@@ -147,36 +149,6 @@ def check_wheelhouse(lock: dict, folder: str) -> dict[tuple[str, str], str]:
                 f"says {hashes[name]}; replace the wheel or fix dflash_lock.sha256.{name}"
             )
     return files
-
-
-def installed_versions(env_dir: str) -> dict[str, str]:
-    """Versions from dist-info metadata: no import, so it is fast and trusts nothing in the env."""
-    found = {}
-    pattern = os.path.join(env_dir, "lib", "python3*", "site-packages", "*.dist-info", "METADATA")
-    for metadata in glob.glob(pattern):
-        name = version = None
-        with open(metadata, encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("Name:"):
-                    name = line.split(":", 1)[1].strip()
-                elif line.startswith("Version:"):
-                    version = line.split(":", 1)[1].strip()
-                if (name and version) or not line.strip():
-                    break
-        if name and version:
-            found[normalize(name)] = version
-    return found
-
-
-def version_drift(lock: dict, installed: dict[str, str]) -> list[dict]:
-    drift = []
-    pins = pinned(lock)
-    for name in sorted(set(pins) | set(installed)):
-        if pins.get(name) != installed.get(name):
-            drift.append(
-                {"package": name, "expected": pins.get(name), "found": installed.get(name)}
-            )
-    return drift
 
 
 def pip_command(lock: dict, env_python: str, files: dict) -> list[str]:

@@ -77,16 +77,45 @@ run_sh:
   description: C(path), C(content) and C(sha256) of run.sh (content null when missing).
   type: dict
   returned: always
+deployment:
+  description: The history entry that deployed current (what should be there), without run.sh text.
+  type: dict
+  returned: always
+trainers:
+  description:
+    - C(record) (trainer.json) and C(processes), every trainer process of the root with pid,
+      pgid, start time, command line, run id, release it runs from, cache dir, its run's
+      status.json and the heartbeat age in seconds.
+  type: dict
+  returned: always
+environment:
+  description: The env of that deployment, C(exists) and C(drift) (packages against its lock).
+  type: dict
+  returned: always
+cache:
+  description: The compile cache of that deployment, C(exists) and C(built_by).
+  type: dict
+  returned: always
+checkpoints:
+  description: C(count) and C(newest) checkpoint.
+  type: dict
+  returned: always
 """
 
+import json
 import os
 import shutil
 import subprocess
+import time
+from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_lock import installed_versions, version_drift
+from ansible.module_utils.dflash_procs import find_trainers
 from ansible.module_utils.dflash_release import file_drift, sha256_bytes, tree_sha256
 from ansible.module_utils.dflash_state import (
     CURRENT,
+    GOOD_RESULTS,
     RELEASES,
     current_release,
     list_releases,
@@ -125,6 +154,95 @@ def run_script(root: str) -> dict:
     return {"path": path, "content": data.decode(errors="replace"), "sha256": sha256_bytes(data)}
 
 
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def age_seconds(stamp: str | None) -> float | None:
+    try:
+        then = datetime.fromisoformat(str(stamp))
+    except ValueError:
+        return None
+    return round(time.time() - then.timestamp(), 1)
+
+
+def boot_time() -> float:
+    with open("/proc/stat", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith("btime"):
+                return float(line.split()[1])
+    return 0.0
+
+
+def trainers(root: str) -> dict:
+    """Every trainer process of the root with the status file of its run, and the record of the
+    one the toolkit started."""
+    record = read_json(os.path.join(root, "trainer.json"))
+    ticks, booted = os.sysconf("SC_CLK_TCK"), boot_time()
+    processes = []
+    for proc in find_trainers(root):
+        status = read_json(os.path.join(root, "runs", proc["run_id"], "status.json")) if proc[
+            "run_id"] else None  # fmt: skip
+        cwd = proc["cwd"]
+        releases = os.path.join(os.path.realpath(root), RELEASES) + os.sep
+        processes.append({
+            "pid": proc["pid"], "pgid": proc["pgid"], "cmdline": proc["cmdline"],
+            "run_id": proc["run_id"], "cache_dir": proc["cache_dir"], "cwd": cwd,
+            "release": cwd[len(releases):].split(os.sep)[0] if cwd.startswith(releases) else None,
+            "started_at": datetime.fromtimestamp(booted + proc["start_ticks"] / ticks,
+                                                 tz=timezone.utc).isoformat(timespec="seconds"),
+            "status": status,
+            "heartbeat_age_s": age_seconds((status or {}).get("updated_at")),
+        })  # fmt: skip
+    return {"record": record, "processes": processes}
+
+
+def environment(root: str, lock_id: str | None) -> dict | None:
+    """The env a deployment recorded: what is installed there against its lock (no import)."""
+    if not lock_id:
+        return None
+    env_dir = os.path.join(root, "envs", lock_id)
+    marker = read_json(os.path.join(env_dir, ".dflash-env.json"))
+    lock = (marker or {}).get("lock")
+    return {
+        "lock_id": lock_id,
+        "path": env_dir,
+        "exists": marker is not None,
+        "drift": version_drift(lock, installed_versions(env_dir)) if lock else [],
+    }
+
+
+def cache(root: str, cache_dir: str | None) -> dict | None:
+    if not cache_dir:
+        return None
+    return {
+        "path": cache_dir,
+        "exists": os.path.isdir(cache_dir),
+        "built_by": read_json(os.path.join(cache_dir, "built-by.json")),
+        "all": sorted(os.listdir(os.path.join(root, "cache")))
+        if os.path.isdir(os.path.join(root, "cache")) else [],
+    }  # fmt: skip
+
+
+def checkpoints(root: str) -> dict:
+    folder = os.path.join(root, "checkpoints")
+    names = sorted(n for n in os.listdir(folder) if not n.startswith(".")) if os.path.isdir(
+        folder) else []  # fmt: skip
+    return {"path": folder, "count": len(names), "newest": names[-1] if names else None}
+
+
+def deployment_of(history: list[dict], release: str | None) -> dict | None:
+    """The newest history entry that made `release` current with a good result."""
+    for entry in reversed(history):
+        if entry.get("release") == release and entry.get("result") in GOOD_RESULTS:
+            return entry
+    return None
+
+
 def gather(root: str, checksums: bool, history_limit: int) -> dict:
     release, link = current_release(root)
     available = list_releases(root)
@@ -161,6 +279,14 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
         facts["current"]["path"] = os.path.join(root, CURRENT)
         if checksums:
             facts["files"] = file_drift(folder, manifest)
+    deployment = deployment_of(history, release)
+    facts["deployment"] = (
+        {k: v for k, v in deployment.items() if k != "run_sh_text"} if deployment else None
+    )
+    facts["trainers"] = trainers(root)
+    facts["environment"] = environment(root, (deployment or {}).get("lock_id"))
+    facts["cache"] = cache(root, ((deployment or {}).get("run_sh") or {}).get("cache_dir"))
+    facts["checkpoints"] = checkpoints(root)
     return facts
 
 

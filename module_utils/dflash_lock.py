@@ -2,8 +2,10 @@
 # Shared by the controller (preflight, wheelhouse) and the target-side environment module.
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
+import os
 import re
 
 # PEP 440 release with optional pre/post/dev parts and a local suffix (+cu128, +cpu).
@@ -87,3 +89,33 @@ def wheel_name_version(filename: str) -> tuple[str, str] | None:
 
 def requirement_lines(lock: dict) -> list[str]:
     return [f"{name}=={version}" for name, version in sorted(pinned(lock).items())]
+
+
+def installed_versions(env_dir: str) -> dict[str, str]:
+    """Versions from dist-info metadata: no import, so it is fast and trusts nothing in the env."""
+    found = {}
+    pattern = os.path.join(env_dir, "lib", "python3*", "site-packages", "*.dist-info", "METADATA")
+    for metadata in glob.glob(pattern):
+        name = version = None
+        with open(metadata, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("Name:"):
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("Version:"):
+                    version = line.split(":", 1)[1].strip()
+                if (name and version) or not line.strip():
+                    break
+        if name and version:
+            found[normalize(name)] = version
+    return found
+
+
+def version_drift(lock: dict, installed: dict[str, str]) -> list[dict]:
+    drift = []
+    pins = pinned(lock)
+    for name in sorted(set(pins) | set(installed)):
+        if pins.get(name) != installed.get(name):
+            drift.append(
+                {"package": name, "expected": pins.get(name), "found": installed.get(name)}
+            )
+    return drift

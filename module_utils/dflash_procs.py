@@ -72,8 +72,9 @@ def find_trainers(root: str) -> list[dict]:
             continue
         info = process_info(int(name))
         if info and is_trainer_of(info, root):
-            info["run_id"] = info["environ"].get(b"DFLASH_RUN_ID", b"").decode() or None
-            del info["environ"]
+            environ = info.pop("environ")
+            info["run_id"] = environ.get(b"DFLASH_RUN_ID", b"").decode() or None
+            info["cache_dir"] = environ.get(b"TORCHINDUCTOR_CACHE_DIR", b"").decode() or None
             found.append(info)
     return sorted(found, key=lambda item: item["pid"])
 

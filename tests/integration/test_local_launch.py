@@ -9,72 +9,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import pytest
-
-from tests.helpers import REPO
-
-# Short enough for CPU tests, long enough that the trainer is still running when checked.
-TRAINER_ARGS = {"target_model": "tiny", "gen_samples": 64, "checkpoint_every": 50}
-
-
-@pytest.fixture
-def trainer_repo(source_repo) -> Path:
-    """A git checkout holding a copy of the real dflash/ package, tagged v1."""
-    files = {
-        str(path.relative_to(REPO)): path.read_text()
-        for path in (REPO / "dflash").rglob("*")
-        if path.is_file() and "__pycache__" not in path.parts
-    }
-    return source_repo("v1", files)
-
-
-@pytest.fixture
-def deploy(trainer_repo, playbook, target_root):
-    started: list[int] = []
-
-    def run(ref: str, **extravars):
-        extravars.setdefault("dflash_trainer_args", TRAINER_ARGS)
-        result = playbook(
-            "deploy.yml", dflash_source_dir=str(trainer_repo), dflash_ref=ref,
-            dflash_launch=True, dflash_health_timeout=180, **extravars,
-        )  # fmt: skip
-        record = read_json(target_root / "trainer.json")
-        if record:
-            started.append(record["pid"])
-        return result
-
-    yield run
-    stop = playbook("playbooks/stop.yml", dflash_stop_timeout=20)
-    assert stop.rc == 0, stop.output
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def status_of(root: Path) -> dict:
-    return read_json(root / "runs" / "latest" / "status.json") or {}
-
-
-def add_release(repo: Path, tag: str, path: str, text: str) -> None:
-    with open(repo / path, "a") as handle:
-        handle.write(text)
-    git = ["git", "-C", str(repo), "-c", "user.email=t@example.invalid", "-c", "user.name=t"]
-    subprocess.run([*git, "commit", "-qam", tag], check=True)
-    subprocess.run([*git, "tag", tag], check=True)
+from tests.integration.conftest import add_release, alive, read_json, status_of
 
 
 def test_healthy_launch_no_restart_then_clean_switch(deploy, trainer_repo, target_root):
