@@ -1,0 +1,53 @@
+"""Compile caches on the local target: warm on the CPU fills cache/<fingerprint>, a second warm
+does nothing, a new release gets a new cache folder and the old one is left as it was."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.integration.conftest import TRAINER_ARGS, add_release
+
+# A small compiled step keeps the CPU compile short.
+COMPILED = dict(
+    TRAINER_ARGS, compile_drafter=True, drafter_layers=1, max_seq_len=64, token_budget=128,
+    num_anchors=8,
+)  # fmt: skip
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in folder.rglob("*") if p.is_file()
+    }  # fmt: skip
+
+
+def test_warm_fill_noop_and_new_fingerprint(deploy, trainer_repo, target_root):
+    def warm(ref: str):
+        return deploy(ref, dflash_launch=False, dflash_compile_cache="warm",
+                      dflash_trainer_args=COMPILED)  # fmt: skip
+
+    first = warm("v1")
+    assert first.rc == 0, first.output
+    [cache] = (target_root / "cache").iterdir()
+    built = json.loads((cache / "built-by.json").read_text())
+    manifest = json.loads((target_root / "current" / "MANIFEST.json").read_text())
+    assert built["tree_sha256"] == manifest["tree_sha256"] and built["torch"] == "2.13.0+cpu"
+    assert "--compile-drafter" in built["warmup_flags"]
+    entries = snapshot(cache)
+    assert len(entries) > 1, "the warmup compiled nothing into the cache"
+    assert "warming the CPU" in first.output
+
+    second = warm("v1")
+    assert second.rc == 0 and second.changed() == 0, second.output
+    assert snapshot(cache) == entries
+
+    add_release(trainer_repo, "v2", "dflash/__init__.py", "# v2\n")
+    third = warm("v2")
+    assert third.rc == 0, third.output
+    caches = sorted((target_root / "cache").iterdir())
+    assert len(caches) == 2 and cache in caches
+    assert snapshot(cache) == entries, "the old fingerprint's cache was touched"
+    run_sh = (target_root / "run.sh").read_text()
+    [new] = [c for c in caches if c != cache]
+    assert f"TORCHINDUCTOR_CACHE_DIR={new}" in run_sh
