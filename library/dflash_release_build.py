@@ -158,9 +158,14 @@ def working_tree_paths(source_dir: str) -> list[str]:
             for folder, _dirs, names in os.walk(root)
             for name in names
         ]
-    # Tracked files deleted on disk are not part of the working tree.
+    # Tracked files deleted on disk are not part of the working tree; links are left out as
+    # git archive and the trainer's own tree hash leave them out.
     return sorted(
-        p for p in paths if not is_ignored_path(p) and os.path.isfile(os.path.join(source_dir, p))
+        p
+        for p in paths
+        if not is_ignored_path(p)
+        and os.path.isfile(os.path.join(source_dir, p))
+        and not os.path.islink(os.path.join(source_dir, p))
     )
 
 

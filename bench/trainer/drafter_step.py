@@ -1,0 +1,141 @@
+"""Drafter training-step benchmark on one GPU: model FLOPs, step time and MFU.
+
+Default shape: a Qwen3-8B-shaped drafter (5 layers, hidden 4096, B = 16, 512 anchors, one
+sequence of 3072). The step timed is what a drafter rank does per batch: anchors, mask, drafter
+forward and backward, chunked lm_head loss, clipping and AdamW; the target's forward is not in
+it (it runs on target ranks). Frozen weights and features are random: speed does not depend on
+their values.
+
+    python bench/trainer/drafter_step.py [--compile] [--seq-len 3072 --anchors 512 ...]
+
+FLOPs count the useful matmul work: forward + 2x for the backward of trainable layers; the
+fc and the frozen lm_head have one input of their backward less (2x forward in all); attention
+counts the keys each query may see (context before its anchor plus its own block).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
+
+from dflash.model import DrafterConfig
+from dflash.objective import sample_anchors
+from dflash.options import build_drafter
+from dflash.pipeline import FeatureBatch
+from dflash.step import DrafterStep
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--intermediate", type=int, default=12288)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--layers", type=int, default=5)
+    p.add_argument("--features", type=int, default=5)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--anchors", type=int, default=512)
+    p.add_argument("--seq-len", type=int, default=3072)
+    p.add_argument("--rows", type=int, default=1)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200)")
+    return p.parse_args()
+
+
+def model_flops(cfg: DrafterConfig, rows: int, seq_len: int, anchors: torch.Tensor) -> dict:
+    """Useful FLOPs of one training step, by part."""
+    h, d, b = cfg.hidden_size, cfg.head_dim, cfg.block_size
+    queries = anchors.numel() * b
+    keys = rows * seq_len + queries
+    proj = 2 * queries * h * cfg.num_heads * d * 2 + 2 * keys * h * cfg.num_kv_heads * d * 2
+    mlp = 2 * queries * h * cfg.intermediate_size * 3
+    visible = float((anchors.float() + b).sum()) * b  # keys seen, summed over queries
+    attention = 4 * visible * cfg.num_heads * d
+    layers = 3 * cfg.num_layers * (proj + mlp + attention)
+    fc = 2 * 2 * rows * seq_len * cfg.num_features * h * h
+    lm_head = 2 * 2 * anchors.numel() * (b - 1) * h * cfg.vocab_size
+    return {"layers": layers, "fc": fc, "lm_head": lm_head}
+
+
+def main() -> None:
+    args = parse()
+    device = torch.device("cuda:0")
+    cfg = DrafterConfig(
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        rms_norm_eps=1e-6,
+        rope_theta=1e6,
+        vocab_size=args.vocab,
+        num_features=args.features,
+        block_size=args.block_size,
+        mask_token_id=args.vocab - 1,
+        init_std=0.02,
+    )
+    frozen = torch.randn(2, args.vocab, args.hidden, dtype=torch.bfloat16, device=device) * 0.02
+    drafter = build_drafter(cfg, frozen[0], frozen[1], device, seed=0)
+    step = DrafterStep(drafter, gamma=7.0, num_anchors=args.anchors, compile=args.compile)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+    rows, seq = args.rows, args.seq_len
+    batch = FeatureBatch(
+        input_ids=torch.randint(0, args.vocab - 1, (rows, seq), device=device),
+        loss_mask=torch.ones(rows, seq, dtype=torch.bool, device=device),
+        features=torch.randn(
+            rows, seq, args.features * args.hidden, dtype=torch.bfloat16, device=device
+        ),
+        num_tokens=rows * seq,
+    )
+
+    times = []
+    for i in range(args.warmup_steps + args.steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        loss = step.loss(batch, torch.Generator().manual_seed(i))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        optimizer.step()
+        end.record()
+        torch.cuda.synchronize()
+        seconds = start.elapsed_time(end) / 1e3
+        print(f"step {i}: {seconds:.4f} s", file=sys.stderr, flush=True)
+        if i >= args.warmup_steps:
+            times.append(seconds)
+
+    # Anchors as the step samples them: every position is in the loss, so every slot is kept.
+    anchors, _ = sample_anchors(batch.loss_mask, args.anchors, torch.Generator(), fixed=True)
+    flops = model_flops(cfg, rows, seq, anchors)
+    total = sum(flops.values())
+    step_s = statistics.median(times)
+    achieved = total / step_s / 1e12
+    params = sum(p.numel() for p in drafter.parameters())
+    print(
+        f"| shape | {args.layers} layers, hidden {args.hidden}, B {args.block_size}, "
+        f"{args.anchors} anchors, seq {seq} x {rows}, {params / 1e9:.2f}B trainable |"
+    )
+    print("| --- | --- |")
+    for part, value in flops.items():
+        print(f"| TFLOP {part} | {value / 1e12:.2f} |")
+    print(f"| TFLOP total | {total / 1e12:.2f} |")
+    print(f"| compile | {args.compile} |")
+    print(f"| step s (median of {args.steps}) | {step_s:.4f} (min {min(times):.4f}) |")
+    print(f"| achieved TFLOP/s | {achieved:.0f} |")
+    print(f"| MFU vs {args.peak_tflops:.0f} TFLOP/s | {100 * achieved / args.peak_tflops:.1f}% |")
+    print(f"| peak memory GiB | {torch.cuda.max_memory_allocated() / 2**30:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""What the drafter learns: anchors, block inputs, same-position labels and the weighted loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# Loss decay per block size (DFlash recipe); other sizes need an explicit --gamma.
+DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+
+
+def sample_anchors(
+    loss_mask: Tensor, num_anchors: int, generator: torch.Generator, fixed: bool
+) -> tuple[Tensor, Tensor]:
+    """Up to num_anchors random anchors a per row with loss_mask[a] and loss_mask[a+1], sorted.
+
+    Returns anchors and kept, both [rows, N]; unused slots come last with kept False.
+    N is num_anchors when `fixed` (static shapes for torch.compile), else the most any row
+    can use, so the CPU does not pay for empty slots.
+    """
+    rows, seq_len = loss_mask.shape
+    valid = torch.zeros_like(loss_mask)
+    valid[:, :-1] = loss_mask[:, :-1] & loss_mask[:, 1:]
+    n_valid = int(valid.sum(1).max()) if rows else 0
+    n = num_anchors if fixed else max(1, min(num_anchors, n_valid))
+    # Random keys; invalid positions get keys above every valid one, so topk skips them.
+    keys = torch.rand(rows, seq_len, generator=generator).to(loss_mask.device)
+    keys = keys + (~valid).to(keys.dtype) * 2.0
+    picked = keys.topk(min(n, seq_len), dim=1, largest=False).indices
+    kept = valid.gather(1, picked)
+    # Sort kept anchors ascending and push unused slots to the end.
+    order_key = torch.where(kept, picked, picked + seq_len)
+    order = order_key.argsort(dim=1)
+    anchors, kept = picked.gather(1, order), kept.gather(1, order)
+    anchors = torch.where(kept, anchors, torch.zeros_like(anchors))
+    if n > seq_len:
+        pad = n - seq_len
+        anchors = torch.cat([anchors, anchors.new_zeros(rows, pad)], dim=1)
+        kept = torch.cat([kept, kept.new_zeros(rows, pad)], dim=1)
+    return anchors, kept
+
+
+def block_inputs(
+    input_ids: Tensor, anchors: Tensor, block_size: int, mask_token_id: int
+) -> tuple[Tensor, Tensor]:
+    """Block token ids [anchor token, MASK x (B-1)] and RoPE positions a_j + k, both [rows, N*B]."""
+    rows, n = anchors.shape
+    ids = torch.full(
+        (rows, n, block_size), mask_token_id, dtype=input_ids.dtype, device=input_ids.device
+    )
+    ids[:, :, 0] = input_ids.gather(1, anchors)
+    offsets = torch.arange(block_size, device=anchors.device)
+    positions = anchors[:, :, None] + offsets
+    return ids.view(rows, -1), positions.view(rows, -1)
+
+
+def block_targets(
+    input_ids: Tensor,
+    loss_mask: Tensor,
+    anchors: Tensor,
+    kept: Tensor,
+    block_size: int,
+    gamma: float,
+) -> tuple[Tensor, Tensor]:
+    """Labels and loss weights [rows, N, B]: slot k of block j predicts x[a_j + k].
+
+    w_jk = kept_j * [k >= 1] * [a_j + k < S] * loss_mask[a_j + k] * exp(-(k - 1) / gamma).
+    """
+    rows, n = anchors.shape
+    seq_len = input_ids.shape[1]
+    k = torch.arange(block_size, device=anchors.device)
+    pos = anchors[:, :, None] + k
+    inside = pos < seq_len
+    flat = pos.clamp(max=seq_len - 1).view(rows, -1)
+    labels = input_ids.gather(1, flat).view(rows, n, block_size)
+    in_loss = loss_mask.gather(1, flat).view(rows, n, block_size)
+    decay = torch.exp(-(k - 1).to(torch.float32) / gamma) * (k >= 1)
+    weights = (kept[:, :, None] & inside & in_loss).to(torch.float32) * decay
+    return labels, weights
+
+
+class _WeightedLMHeadCE(torch.autograd.Function):
+    """sum(scale * CE(hidden @ W^T, labels)) computed chunk by chunk.
+
+    The gradient for `hidden` is computed in the forward, chunk by chunk, so no logits are kept
+    for the backward: peak memory is one chunk of logits, never rows x B x vocab. W is frozen.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, hidden: Tensor, weight: Tensor, labels: Tensor, scale: Tensor, chunk: int
+    ) -> Tensor:
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        for start in range(0, hidden.shape[0], chunk):
+            end = start + chunk
+            logits = (hidden[start:end].to(weight.dtype) @ weight.T).float()
+            lse = logits.logsumexp(dim=-1)
+            target_logit = logits.gather(1, labels[start:end, None]).squeeze(1)
+            total += ((lse - target_logit) * scale[start:end]).sum()
+            if grad is not None:
+                probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+                probs[torch.arange(probs.shape[0], device=probs.device), labels[start:end]] -= 1
+                probs.mul_(scale[start:end, None])
+                grad[start:end] = (probs.to(weight.dtype) @ weight).to(hidden.dtype)
+        ctx.save_for_backward(grad)
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, None, None, None, None]:
+        (grad,) = ctx.saved_tensors
+        return (None if grad is None else grad * grad_out), None, None, None, None
+
+
+def weighted_block_loss(
+    hidden: Tensor, lm_head_weight: Tensor, labels: Tensor, weights: Tensor, chunk: int = 1024
+) -> Tensor:
+    """L = sum(w * CE) / sum(w) over the block slots; only slots with w > 0 reach the lm_head."""
+    w = weights.reshape(-1)
+    picked = w.nonzero().squeeze(1)
+    total = w.sum()
+    if picked.numel() == 0:
+        # Nothing to learn from this batch: a zero that still reaches every parameter.
+        return hidden.sum() * 0.0
+    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, picked)
+    scale = w.index_select(0, picked) / total
+    return _WeightedLMHeadCE.apply(h, lm_head_weight, labels.reshape(-1)[picked], scale, chunk)

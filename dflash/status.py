@@ -1,0 +1,84 @@
+"""status.json (DESIGN.md): what this process is, runs and has done, rewritten atomically.
+
+A heartbeat thread rewrites the file every `interval_s` seconds whatever the main thread does
+(long compiles, long steps), so `updated_at` proves the process is alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from dflash.provenance import code_tree_sha256, release_name, versions
+
+STATES = ("starting", "warming", "running", "checkpointing", "stopped", "failed")
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class StatusFile:
+    def __init__(self, path: Path, run_id: str, interval_s: float) -> None:
+        self.path = path
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._fields: dict[str, Any] = {
+            "pid": os.getpid(),
+            "run_id": run_id,
+            "state": "starting",
+            "code_tree_sha256": code_tree_sha256(),
+            "release": release_name(),
+            "versions": versions(),
+            "gpus": {"target": [], "drafter": []},
+            "step": 0,
+            "tokens_per_s": 0.0,
+            "loss": None,
+            "started_at": utc_now(),
+            "updated_at": None,
+            "checkpoint": None,
+        }
+
+    def update(self, **fields: Any) -> None:
+        """Change fields; the next heartbeat writes them."""
+        if "state" in fields and fields["state"] not in STATES:
+            raise ValueError(f"unknown state {fields['state']!r}")
+        with self._lock:
+            self._fields.update(fields)
+
+    def write(self, **fields: Any) -> None:
+        """Change fields and write now (state changes, checkpoints)."""
+        self.update(**fields)
+        with self._lock:
+            self._write_locked()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._fields)
+
+    def _write_locked(self) -> None:
+        self._fields["updated_at"] = utc_now()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        temp.write_text(json.dumps(self._fields, indent=2) + "\n")
+        os.replace(temp, self.path)
+
+    def start_heartbeat(self) -> None:
+        self._thread = threading.Thread(target=self._beat, name="status-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop_heartbeat(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with self._lock:
+                self._write_locked()

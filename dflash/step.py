@@ -1,0 +1,51 @@
+"""One drafter forward + loss on a feature batch: the part that train, warmup and tests share."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dflash.mask import attention_mask
+from dflash.model import Drafter
+from dflash.objective import block_inputs, block_targets, sample_anchors, weighted_block_loss
+from dflash.pipeline import FeatureBatch
+
+
+def static_shapes(device: torch.device, compile: bool) -> bool:
+    """Fixed step shapes on a GPU (compiled flex_attention) or when compiling the drafter."""
+    return device.type == "cuda" or compile
+
+
+class DrafterStep:
+    """Anchors -> blocks -> drafter -> weighted loss, on the drafter's device.
+
+    On a GPU: flex_attention, bf16 autocast over fp32 master weights. On the CPU: SDPA with a
+    dense mask in fp32 (flex_attention has no CPU backward). Compiled code (flex_attention
+    always, the whole drafter with `compile`) wants static shapes: then every step samples
+    exactly num_anchors slots per row, and the batches must have fixed rows and length too.
+    """
+
+    def __init__(self, drafter: Drafter, gamma: float, num_anchors: int, compile: bool) -> None:
+        self.drafter = drafter
+        self.gamma = gamma
+        self.num_anchors = num_anchors
+        self.device = drafter.fc.weight.device
+        self.on_gpu = self.device.type == "cuda"
+        self.static_shapes = static_shapes(self.device, compile)
+        self.forward = torch.compile(drafter, dynamic=False) if compile else drafter
+
+    def loss(self, batch: FeatureBatch, generator: torch.Generator) -> Tensor:
+        cfg = self.drafter.cfg
+        anchors, kept = sample_anchors(
+            batch.loss_mask, self.num_anchors, generator, fixed=self.static_shapes
+        )
+        ids, positions = block_inputs(batch.input_ids, anchors, cfg.block_size, cfg.mask_token_id)
+        labels, weights = block_targets(
+            batch.input_ids, batch.loss_mask, anchors, kept, cfg.block_size, self.gamma
+        )
+        mask = attention_mask(
+            anchors, kept, batch.input_ids.shape[1], cfg.block_size, flex=self.on_gpu
+        )
+        with torch.autocast(self.device.type, torch.bfloat16, enabled=self.on_gpu):
+            hidden = self.forward(batch.features, ids, positions, mask)
+            return weighted_block_loss(hidden, self.drafter.lm_head_weight, labels, weights)

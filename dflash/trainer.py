@@ -1,0 +1,95 @@
+"""The optimisation loop body: AdamW, warmup + cosine schedule, clipping, resumable state."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dflash.model import Drafter
+from dflash.pipeline import FeatureSource
+from dflash.step import DrafterStep
+
+
+def lr_at(step: int, base_lr: float, max_steps: int, warmup_ratio: float) -> float:
+    """Linear warmup over warmup_ratio * max_steps, then cosine decay to 0 at max_steps."""
+    warmup = max(1, round(warmup_ratio * max_steps))
+    if step < warmup:
+        return base_lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
+    return base_lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+@dataclass
+class StepResult:
+    step: int  # optimizer steps done, this one included
+    loss: float
+    lr: float
+    num_tokens: int
+
+
+class Trainer:
+    """Every random choice of step k derives from (seed, k), so a resumed run repeats exactly
+    what an uninterrupted one would have done."""
+
+    def __init__(
+        self,
+        drafter: Drafter,
+        source: FeatureSource,
+        step_fn: DrafterStep,
+        *,
+        lr: float,
+        max_steps: int,
+        warmup_ratio: float,
+        grad_clip: float,
+        seed: int,
+    ) -> None:
+        self.drafter = drafter
+        self.source = source
+        self.step_fn = step_fn
+        self.base_lr = lr
+        self.max_steps = max_steps
+        self.warmup_ratio = warmup_ratio
+        self.grad_clip = grad_clip
+        self.seed = seed
+        self.optimizer = torch.optim.AdamW(
+            drafter.parameters(),
+            lr=lr,
+            weight_decay=0.0,
+            fused=step_fn.on_gpu,
+        )
+        self.step = 0
+        self.tokens = 0
+
+    def train_step(self) -> StepResult:
+        lr = lr_at(self.step, self.base_lr, self.max_steps, self.warmup_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        batch = self.source.next()
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
+        loss = self.step_fn.loss(batch, generator)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.grad_clip)
+        self.optimizer.step()
+        self.step += 1
+        self.tokens += batch.num_tokens
+        return StepResult(self.step, loss.item(), lr, batch.num_tokens)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "drafter": self.drafter.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "data": self.source.state_dict(),
+        }
+
+    def load_state_dict(self, step: int, state: dict[str, Any]) -> bool:
+        """Restore a checkpoint; False when the data changed and its order starts over."""
+        self.drafter.load_state_dict(state["drafter"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = step
+        self.tokens = state["tokens"]
+        return self.source.load_state_dict(state["data"])
