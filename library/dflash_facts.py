@@ -102,7 +102,6 @@ checkpoints:
   returned: always
 """
 
-import json
 import os
 import shutil
 import subprocess
@@ -121,6 +120,7 @@ from ansible.module_utils.dflash_state import (
     list_releases,
     previous_deployment,
     read_history,
+    read_json,
     read_manifest,
     stale_temp_dirs,
 )
@@ -152,14 +152,6 @@ def run_script(root: str) -> dict:
     except OSError:
         return {"path": path, "content": None, "sha256": None}
     return {"path": path, "content": data.decode(errors="replace"), "sha256": sha256_bytes(data)}
-
-
-def read_json(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
 
 
 def age_seconds(stamp: str | None) -> float | None:

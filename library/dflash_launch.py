@@ -96,6 +96,7 @@ from ansible.module_utils.dflash_state import (
     RELEASES,
     TMP_PREFIX,
     current_release,
+    read_json,
     read_manifest,
 )
 
@@ -113,14 +114,6 @@ def sha256_of(path: str) -> str | None:
         with open(path, "rb") as handle:
             return hashlib.sha256(handle.read()).hexdigest()
     except OSError:
-        return None
-
-
-def read_json(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
         return None
 
 

@@ -36,12 +36,17 @@ def release_dir(root: str, release: str) -> str:
     return os.path.join(root, RELEASES, release)
 
 
-def read_manifest(folder: str) -> dict | None:
+def read_json(path: str) -> dict | None:
+    """A JSON file's content, or None when it is missing or torn."""
     try:
-        with open(os.path.join(folder, MANIFEST_NAME), encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             return json.load(handle)
     except (OSError, ValueError):
         return None
+
+
+def read_manifest(folder: str) -> dict | None:
+    return read_json(os.path.join(folder, MANIFEST_NAME))
 
 
 def list_releases(root: str) -> list[str]:

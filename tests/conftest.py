@@ -93,3 +93,14 @@ def playbook(tmp_path: Path, target_root: Path, local_envs: Path) -> Callable[..
         return result
 
     return run
+
+
+@pytest.fixture
+def trainer_repo(source_repo) -> Path:
+    """A git checkout holding a copy of the real dflash/ package, tagged v1."""
+    files = {
+        str(path.relative_to(REPO)): path.read_text()
+        for path in (REPO / "dflash").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    return source_repo("v1", files)

@@ -8,21 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
-
 # Short enough for CPU tests, long enough that the trainer is still running when checked.
 TRAINER_ARGS = {"target_model": "tiny", "gen_samples": 64, "checkpoint_every": 50}
-
-
-@pytest.fixture
-def trainer_repo(source_repo) -> Path:
-    """A git checkout holding a copy of the real dflash/ package, tagged v1."""
-    files = {
-        str(path.relative_to(REPO)): path.read_text()
-        for path in (REPO / "dflash").rglob("*")
-        if path.is_file() and "__pycache__" not in path.parts
-    }
-    return source_repo("v1", files)
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ def bed_envs(proxmox_testbed: Testbed, bed_lock: dict, tmp_path_factory) -> str:
         tmp_path_factory.mktemp("seed") / "inventory.yml",
         group_vars={"dflash_lock": bed_lock, "dflash_root": SEED_ROOT},
     )
-    run = run_playbook("deploy.yml", {}, inventory=inventory)
+    run = run_playbook("deploy.yml", {"dflash_launch": False}, inventory=inventory)
     assert run.rc == 0, run.output
     return f"{SEED_ROOT}/envs"
 
@@ -59,6 +59,8 @@ def pct_playbook(
             host_vars=host_vars,
         )
         extravars.setdefault("dflash_verify_json", str(report))
+        # Most tests here deploy small fake packages: no trainer unless a test asks for one.
+        extravars.setdefault("dflash_launch", False)
         result = run_playbook(name, extravars, inventory=inventory)
         result.report = json.loads(report.read_text()) if report.exists() else None
         return result
@@ -164,3 +166,29 @@ def test_missing_gpu_and_unknown_vmid_are_refused_before_any_change(bed, pct_pla
     assert current_in(bed, right, pct_playbook.root) == "releases/v1"
     probe = bed.attach(wrong, "test", "-e", f"{pct_playbook.root}/current", check=False)
     assert probe.returncode != 0
+
+
+def test_real_trainer_runs_healthy_in_every_container(bed, pct_playbook, trainer_repo):
+    """The real trainer, launched over pct in both containers, proven healthy, then audited."""
+    args = {"target_model": "tiny", "gen_samples": 64}
+    run = pct_playbook(
+        "deploy.yml", dflash_source_dir=str(trainer_repo), dflash_ref="v1", dflash_launch=True,
+        dflash_trainer_args=args, dflash_health_timeout=240,
+    )  # fmt: skip
+    try:
+        assert run.rc == 0, run.output
+        root = pct_playbook.root
+        for vmid in bed.vmids:
+            status = json.loads(bed.attach(vmid, "cat", f"{root}/runs/latest/status.json").stdout)
+            manifest = json.loads(bed.attach(vmid, "cat", f"{root}/current/MANIFEST.json").stdout)
+            assert status["state"] == "running" and status["step"] >= 1
+            assert status["code_tree_sha256"] == manifest["tree_sha256"]
+        again = pct_playbook(
+            "deploy.yml", dflash_source_dir=str(trainer_repo), dflash_ref="v1",
+            dflash_launch=True, dflash_trainer_args=args,
+        )  # fmt: skip
+        assert [again.changed(bed.hostname(v)) for v in bed.vmids] == [0, 0], again.output
+        audit = pct_playbook("verify.yml")
+        assert audit.rc == 0, audit.output
+    finally:
+        assert pct_playbook("playbooks/stop.yml").rc == 0
