@@ -273,8 +273,11 @@ def call(what: str, func: Any, *args: Any, **kwargs: Any) -> Any:
     except ResourceException as exc:
         detail = str(getattr(exc, "content", "") or exc).strip()
         raise PreflightError(f"{what} failed: {detail}") from exc
-    except Exception as exc:  # transport errors (SSH channel, TLS, timeouts)
-        raise PreflightError(f"{what} failed: {exc or type(exc).__name__}") from exc
+    except Exception as exc:  # transport errors (SSH channel, TLS, refused, timeouts)
+        raise PreflightError(
+            f"{what} failed: cannot reach the Proxmox API ({exc or type(exc).__name__}); check "
+            "api_host/api_port and that the node is up"
+        ) from exc
 
 
 # --- what the container is ----------------------------------------------------------------
@@ -290,8 +293,11 @@ def find_container(api: Any, node: str, vmid: int) -> dict[str, Any]:
                 f"container {vmid}"
             ) from exc
         raise PreflightError(f"listing the containers of node {node} failed: {exc}") from exc
-    except Exception as exc:
-        raise PreflightError(f"listing the containers of node {node} failed: {exc}") from exc
+    except Exception as exc:  # the first call: a refused or broken connection shows here
+        raise PreflightError(
+            f"listing the containers of node {node} failed: cannot reach the Proxmox API "
+            f"({exc}); check api_host/api_port and that the node is up"
+        ) from exc
     by_id = {int(c["vmid"]): c for c in containers}
     if vmid not in by_id:
         present = ", ".join(str(v) for v in sorted(by_id)) or "none"

@@ -3,6 +3,7 @@ checkout holding a small dflash/ package, so the lifecycle tests do not depend o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 from collections.abc import Callable
@@ -12,6 +13,12 @@ import pytest
 import yaml
 
 from tests.helpers import REPO, PlaybookRun, run_playbook
+
+# ansible-core 2.19, imported in-process by some tests, replaces sys.intern; torch._dynamo
+# (imported by the trainer) refuses to load after that. Loading it first keeps one pytest run
+# able to hold both.
+with contextlib.suppress(ImportError):
+    import torch._dynamo  # noqa: F401
 
 
 @pytest.fixture

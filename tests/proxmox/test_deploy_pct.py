@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -190,5 +191,21 @@ def test_real_trainer_runs_healthy_in_every_container(bed, pct_playbook, trainer
         assert [again.changed(bed.hostname(v)) for v in bed.vmids] == [0, 0], again.output
         audit = pct_playbook("verify.yml")
         assert audit.rc == 0, audit.output
+
+        # Drift in the containers: run.sh edited in one, the trainer killed in the other.
+        edited, killed = bed.vmids
+        bed.attach(edited, "sh", "-c", f"echo '# by hand' >> {root}/run.sh")
+        bed.attach(killed, "pkill", "-KILL", "-f", "dflash[.]train")
+        time.sleep(1)
+        drift = pct_playbook("verify.yml")
+        assert drift.rc != 0
+        kinds = {
+            host: [f["kind"] for f in result["findings"]]
+            for host, result in drift.report["hosts"].items()
+        }
+        assert kinds == {
+            bed.hostname(edited): ["run_script"],
+            bed.hostname(killed): ["not_running"],
+        }
     finally:
         assert pct_playbook("playbooks/stop.yml").rc == 0

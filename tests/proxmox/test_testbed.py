@@ -56,7 +56,8 @@ def test_ping_copy_and_wheelhouse_through_the_pct_plugin(bed: Testbed, tmp_path:
         assert run.results("ping")[host]["ping"] == "pong"
         assert run.results("copy")[host]["changed"] is True
         assert run.results("sum")[host]["stdout"].split()[0] == digest.stdout.split()[0]
-        assert run.results("wheelhouse")[host]["stdout_lines"] == ["torch-0.0.0-py3-none-any.whl"]
+        # Other tests of the session may have put wheels there too.
+        assert "torch-0.0.0-py3-none-any.whl" in run.results("wheelhouse")[host]["stdout_lines"]
         assert "Read-only file system" in run.results("read-only")[host]["stderr"]
         # each host reached its own container
         assert run.results("hostname")[host]["stdout"] == f"ct{vmid}"
