@@ -92,9 +92,14 @@ def test_check_mode_changes_nothing(source_repo, playbook, target_root):
     assert playbook("deploy.yml", dflash_source_dir=str(repo), dflash_ref="v1").rc == 0
     before = sorted(p.name for p in (target_root / "releases").iterdir())
 
+    same = playbook("deploy.yml", dflash_source_dir=str(repo), dflash_ref="v1", _check=True)
+    assert same.rc == 0 and same.changed() == 0, same.output
+
     dry = playbook("deploy.yml", dflash_source_dir=str(repo), dflash_ref="v2", _check=True)
     assert dry.rc == 0, dry.output
     assert dry.changed() > 0, "check mode must say that a deploy of v2 would change things"
+    # --diff names the switch it would make.
+    assert "-current -> v1" in dry.output and "+current -> v2" in dry.output
     assert current_of(target_root) == "releases/v1"
     assert sorted(p.name for p in (target_root / "releases").iterdir()) == before
     assert len(history_of(target_root)) == 1
