@@ -111,17 +111,17 @@ from datetime import datetime, timezone
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_lock import installed_versions, version_drift
 from ansible.module_utils.dflash_procs import find_trainers
-from ansible.module_utils.dflash_release import file_drift, sha256_bytes, tree_sha256
+from ansible.module_utils.dflash_release import file_drift, tree_sha256
 from ansible.module_utils.dflash_state import (
     CURRENT,
     GOOD_RESULTS,
     RELEASES,
     current_release,
-    list_releases,
     previous_deployment,
     read_history,
     read_json,
-    read_manifest,
+    read_run_script,
+    release_manifests,
     stale_temp_dirs,
 )
 
@@ -142,16 +142,6 @@ def gpus() -> list[dict] | None:
             found.append({"index": int(parts[0]), "name": parts[1], "uuid": parts[2],
                           "driver": parts[3]})  # fmt: skip
     return found
-
-
-def run_script(root: str) -> dict:
-    path = os.path.join(root, "run.sh")
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return {"path": path, "content": None, "sha256": None}
-    return {"path": path, "content": data.decode(errors="replace"), "sha256": sha256_bytes(data)}
 
 
 def age_seconds(stamp: str | None) -> float | None:
@@ -237,7 +227,8 @@ def deployment_of(history: list[dict], release: str | None) -> dict | None:
 
 def gather(root: str, checksums: bool, history_limit: int) -> dict:
     release, link = current_release(root)
-    available = list_releases(root)
+    manifests = release_manifests(root)
+    available = list(manifests)
     history = read_history(root)
     facts: dict = {
         "root": root,
@@ -250,19 +241,16 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
             "manifest": None,
         },
         "releases": available,
-        "release_trees": {
-            name: (read_manifest(os.path.join(root, RELEASES, name)) or {}).get("tree_sha256")
-            for name in available
-        },
+        "release_trees": {name: m.get("tree_sha256") for name, m in manifests.items()},
         "history": history[-history_limit:] if history_limit > 0 else [],
         "previous_deployment": previous_deployment(history, release, available),
         "stale_temp": stale_temp_dirs(root),
         "gpus": gpus(),
-        "run_sh": run_script(root),
+        "run_sh": read_run_script(root),
     }
     if release:
         folder = os.path.join(root, RELEASES, release)
-        manifest = read_manifest(folder) or {}
+        manifest = manifests.get(release, {})
         facts["current"]["manifest"] = {k: v for k, v in manifest.items() if k != "files"}
         # A hand-edited MANIFEST.json would hide edited files: its own hash must still add up.
         facts["current"]["manifest_consistent"] = tree_sha256(

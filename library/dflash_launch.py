@@ -82,7 +82,6 @@ tokens_per_s:
 """
 
 import contextlib
-import hashlib
 import json
 import os
 import subprocess
@@ -98,6 +97,7 @@ from ansible.module_utils.dflash_state import (
     current_release,
     read_json,
     read_manifest,
+    read_run_script,
 )
 
 TRAINER_FILE = "trainer.json"
@@ -107,14 +107,6 @@ LOG_TAIL_LINES = 40
 
 class LaunchError(Exception):
     pass
-
-
-def sha256_of(path: str) -> str | None:
-    try:
-        with open(path, "rb") as handle:
-            return hashlib.sha256(handle.read()).hexdigest()
-    except OSError:
-        return None
 
 
 def log_tail(path: str) -> str:
@@ -232,7 +224,7 @@ def run(module: AnsibleModule) -> dict:
             f"missing {drift['missing']}, extra {drift['extra']}); redeploy, or force: true"
         )
     run_sh = os.path.join(root, "run.sh")
-    run_sh_sha = sha256_of(run_sh)
+    run_sh_sha = read_run_script(root)["sha256"]
     if run_sh_sha is None:
         raise LaunchError(f"{run_sh} is missing; the runscript step renders it")
     tree = manifest["tree_sha256"]

@@ -83,7 +83,6 @@ import shutil
 from datetime import UTC, datetime
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_release import sha256_bytes
 from ansible.module_utils.dflash_state import (
     StateError,
     append_history,
@@ -93,6 +92,7 @@ from ansible.module_utils.dflash_state import (
     previous_deployment,
     read_history,
     read_manifest,
+    read_run_script,
     release_dir,
     releases_to_prune,
     remove_tree,
@@ -103,7 +103,9 @@ def history_entry(params: dict, manifest: dict) -> dict:
     # Where the code came from is in the release's manifest; the caller adds the rest.
     entry = {key: manifest.get(key) for key in ("ref", "commit", "dirty")}
     entry.update(params["record"])
-    entry.update(run_script_record(params["root"]))
+    # run.sh as deployed: its hash, and its text so a rollback can restore it exactly.
+    run_sh = read_run_script(params["root"])
+    entry.update(run_sh_sha256=run_sh["sha256"], run_sh_text=run_sh["content"])
     entry.update(
         time=datetime.now(UTC).isoformat(timespec="seconds"),
         action=params["action"],
@@ -113,16 +115,6 @@ def history_entry(params: dict, manifest: dict) -> dict:
         result=params["result"],
     )
     return entry
-
-
-def run_script_record(root: str) -> dict:
-    """run.sh as deployed: its hash, and its text so a rollback can restore it exactly."""
-    try:
-        with open(os.path.join(root, "run.sh"), "rb") as handle:
-            data = handle.read()
-    except FileNotFoundError:
-        return {"run_sh_sha256": None, "run_sh_text": None}
-    return {"run_sh_sha256": sha256_bytes(data), "run_sh_text": data.decode(errors="replace")}
 
 
 def envs_to_prune(root: str, history: list[dict], kept: list[str]) -> list[str]:

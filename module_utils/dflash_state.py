@@ -10,7 +10,7 @@ import os
 import shutil
 from collections.abc import Iterator
 
-from ansible.module_utils.dflash_release import MANIFEST_NAME, release_id_problem
+from ansible.module_utils.dflash_release import MANIFEST_NAME, release_id_problem, sha256_bytes
 
 RELEASES = "releases"
 CURRENT = "current"
@@ -49,16 +49,33 @@ def read_manifest(folder: str) -> dict | None:
     return read_json(os.path.join(folder, MANIFEST_NAME))
 
 
-def list_releases(root: str) -> list[str]:
-    """Complete releases (those with a manifest); temp folders of unfinished unpacks excluded."""
+def release_manifests(root: str) -> dict[str, dict]:
+    """Manifest of every complete release; temp folders of unfinished unpacks excluded."""
     folder = os.path.join(root, RELEASES)
     if not os.path.isdir(folder):
-        return []
-    return sorted(
-        name
-        for name in os.listdir(folder)
-        if not name.startswith(".") and read_manifest(os.path.join(folder, name)) is not None
-    )
+        return {}
+    found = {}
+    for name in sorted(os.listdir(folder)):
+        manifest = None if name.startswith(".") else read_manifest(os.path.join(folder, name))
+        if manifest is not None:
+            found[name] = manifest
+    return found
+
+
+def list_releases(root: str) -> list[str]:
+    """Complete releases (those with a manifest), sorted."""
+    return list(release_manifests(root))
+
+
+def read_run_script(root: str) -> dict:
+    """run.sh as it is on the target: path, text and sha256 (None for both when missing)."""
+    path = os.path.join(root, "run.sh")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return {"path": path, "content": None, "sha256": None}
+    return {"path": path, "content": data.decode(errors="replace"), "sha256": sha256_bytes(data)}
 
 
 def current_release(root: str) -> tuple[str | None, str | None]:
