@@ -233,16 +233,23 @@ def build_trainer(args: argparse.Namespace, roles: Roles) -> tuple[Trainer, Draf
 
 
 class Throughput:
-    """Tokens per second over the last few steps, sleeps and data included (end to end)."""
+    """Tokens per second over the last few steps, sleeps and data included (end to end).
+
+    The first step (lazy init, compilation) counts only until the second one is done, so the
+    health gate of a deploy compares steady-state speed, not compile time."""
 
     def __init__(self, window: int = 20) -> None:
         self.steps: deque[tuple[float, int]] = deque(maxlen=window)
         self.last = time.monotonic()
+        self.count = 0
 
     def add(self, num_tokens: int) -> float:
         now = time.monotonic()
         self.steps.append((now - self.last, num_tokens))
         self.last = now
+        self.count += 1
+        if self.count == 2:
+            self.steps.popleft()
         return sum(n for _, n in self.steps) / max(1e-9, sum(dt for dt, _ in self.steps))
 
     @property
