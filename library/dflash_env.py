@@ -15,6 +15,9 @@ description:
     env; an env is never re-installed for another lock. An env of this lock whose packages were
     changed by hand is rebuilt, and the drift is returned.
   - The env is marked complete only at the end, so a killed build is rebuilt next time.
+  - In check mode nothing is created; the result says whether the env would be built and, with
+    C(--diff), shows the pins of the env the current deployment uses (or the drifted env as
+    installed) against the pins of the lock.
 options:
   root:
     description: State root on the target.
@@ -61,6 +64,16 @@ versions:
   description: torch, cuda (torch.version.cuda) and the driver found.
   type: dict
   returned: when built
+msg:
+  description: What was (or in check mode would be) done, naming the env and the pins that change.
+  type: str
+  returned: always
+diff:
+  description:
+    - C(before) the pins of the env the current deployment uses (or, for an env of this lock
+      changed by hand, its installed versions), C(after) the pins of the lock, one per line.
+  type: dict
+  returned: when changed
 """
 
 import glob
@@ -82,6 +95,7 @@ from ansible.module_utils.dflash_lock import (
     wheel_name_version,
 )
 from ansible.module_utils.dflash_release import sha256_file
+from ansible.module_utils.dflash_state import GOOD_RESULTS, current_release, read_history
 
 MARKER = ".dflash-env.json"
 # Oldest driver that runs a CUDA major version (minor version compatibility).
@@ -287,6 +301,78 @@ def build(lock: dict, env_dir: str, python: str, files: dict, timeout: int) -> d
     return versions
 
 
+def pin_lines(python: object, pins: dict[str, str | None]) -> str:
+    """An env as text for a diff: its Python, then one `name==version` line per package."""
+    lines = [f"python {python}"] if python else []
+    lines += [f"{name}=={version}" for name, version in sorted(pins.items()) if version]
+    return "\n".join(lines) + "\n"
+
+
+def deployed_lock(root: str) -> tuple[str | None, dict | None]:
+    """(lock id, lock) the deployment of `current` recorded in history.jsonl, if any."""
+    release, _link = current_release(root)
+    for entry in reversed(read_history(root)):
+        if entry.get("release") == release and entry.get("result") in GOOD_RESULTS:
+            lock = entry.get("lock")
+            return entry.get("lock_id"), lock if isinstance(lock, dict) else None
+    return None, None
+
+
+def changes(before: dict[str, str | None], after: dict[str, str]) -> list[str]:
+    """`name old -> new` for every package whose version differs, `+`/`-` for added/removed."""
+    out = []
+    for name in sorted(set(before) | set(after)):
+        old, new = before.get(name), after.get(name)
+        if old != new:
+            out.append(f"{name} {old or '(none)'} -> {new or '(none)'}")
+    return out
+
+
+def explain(root: str, lock: dict, lid: str, env_dir: str, drift: list[dict], check: bool) -> dict:
+    """msg and diff of a build of envs/<lid>: against the drifted env itself, or against the env
+    the current deployment uses."""
+    built = "would be built" if check else "built"
+    wanted = pinned(lock)
+    after = pin_lines(lock.get("python"), wanted)
+    if drift:
+        installed: dict[str, str | None] = dict(wanted)
+        installed.update({item["package"]: item["found"] for item in drift})
+        moved = changes(installed, wanted)
+        return {
+            "msg": f"envs/{lid} differs from its lock ({'; '.join(moved)}): {built} again",
+            "diff": {
+                "before_header": f"{env_dir} (as installed)",
+                "after_header": f"{env_dir} (the lock)",
+                "before": pin_lines(lock.get("python"), installed),
+                "after": after,
+            },
+        }
+    old_id, old_lock = deployed_lock(root)
+    if old_lock is None:
+        return {
+            "msg": f"envs/{lid} {built}: {len(wanted)} pinned wheels, no env deployed before",
+            "diff": {
+                "before_header": f"{env_dir} (absent)",
+                "after_header": f"{env_dir} ({'to be built' if check else 'built'})",
+                "before": "",
+                "after": after,
+            },
+        }
+    moved = changes(pinned(old_lock), wanted)
+    if str(old_lock.get("python")) != str(lock.get("python")):
+        moved.insert(0, f"python {old_lock.get('python')} -> {lock.get('python')}")
+    return {
+        "msg": f"envs/{lid} {built} next to envs/{old_id} of the current deployment: "
+        f"{'; '.join(moved) or 'same pins, another source'}",
+        "diff": {
+            "before_header": f"{os.path.join(root, 'envs', str(old_id))} (current deployment)",
+            "after_header": f"{env_dir} ({'to be built' if check else 'built'})",
+            "before": pin_lines(old_lock.get("python"), pinned(old_lock)),
+            "after": after,
+        },
+    }
+
+
 def run(module: AnsibleModule) -> dict:
     lock, root = module.params["lock"], module.params["root"]
     problems = lock_problems(lock)
@@ -300,6 +386,7 @@ def run(module: AnsibleModule) -> dict:
         "env_dir": env_dir,
         "python": os.path.join(env_dir, "bin", "python"),
         "drift": [],
+        "msg": f"envs/{lid} holds exactly the locked wheels",
     }
     python = find_python(str(lock["python"]))
     source = lock["source"]
@@ -309,6 +396,7 @@ def run(module: AnsibleModule) -> dict:
         if not result["drift"]:
             return result
     result["changed"] = True
+    result.update(explain(root, lock, lid, env_dir, result["drift"], module.check_mode))
     if module.check_mode:
         return result
     os.makedirs(os.path.dirname(env_dir), exist_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -47,10 +48,11 @@ def envs_of(root: Path) -> dict[str, str]:
 def deploy(source_repo, playbook):
     repo = source_repo("v1", {"dflash/__init__.py": "VERSION = 1\n"})
 
-    def run(lock: dict):
+    def run(lock: dict, **extravars):
         return playbook(
-            "deploy.yml", dflash_source_dir=str(repo), dflash_ref="v1", dflash_lock=lock
-        )
+            "deploy.yml", dflash_source_dir=str(repo), dflash_ref="v1", dflash_lock=lock,
+            **extravars,
+        )  # fmt: skip
 
     return run
 
@@ -62,11 +64,29 @@ def test_new_lock_makes_new_env_and_keeps_the_old(deploy, wheelhouse, target_roo
     again = deploy(small_lock(wheelhouse, "1.0"))
     assert again.rc == 0 and again.changed() == 0, again.output
 
+    # --check --diff of the new lock: the env it would build, against the pins of the env the
+    # current deployment uses; nothing changes.
+    [old_env] = envs_before
+    state = {p: p.read_bytes() for p in (target_root / "run.sh", target_root / "history.jsonl")}
+    dry = deploy(small_lock(wheelhouse, "1.1"), _check=True)
+    assert dry.rc == 0 and dry.changed() > 0, dry.output
+    built = re.search(r"^\+\+\+ after: (\S+)/envs/(lock-\w+) \(to be built\)$", dry.output, re.M)
+    assert built and built[1] == str(target_root), dry.output
+    named = built[2]
+    assert f"--- before: {target_root}/envs/{old_env} (current deployment)" in dry.output
+    assert f"-{PKG}==1.0\n+{PKG}==1.1\n" in dry.output
+    # Also without --diff: the env and the version that changes are named.
+    flat = " ".join(dry.output.split())
+    assert f"envs/{named} would be built next to envs/{old_env}" in flat
+    assert f"{PKG} 1.0 -> 1.1" in flat
+    assert envs_of(target_root) == envs_before
+    assert {p: p.read_bytes() for p in state} == state
+
     second = deploy(small_lock(wheelhouse, "1.1"))
     assert second.rc == 0, second.output
     envs_after = envs_of(target_root)
-    new = set(envs_after) - set(envs_before)
-    assert len(new) == 1 and envs_after[new.pop()] == "1.1"
+    # The env check mode named is the one the deploy built.
+    assert set(envs_after) - set(envs_before) == {named} and envs_after[named] == "1.1"
     for name, version in envs_before.items():
         assert envs_after[name] == version, "an existing env was touched"
     assert "1.0" in envs_before.values()

@@ -89,17 +89,32 @@ def test_working_tree_release_is_marked_dirty(source_repo, playbook, target_root
 def test_check_mode_changes_nothing(source_repo, playbook, target_root):
     source_repo("v1", V1)
     repo = source_repo("v2", V2)
-    assert playbook("deploy.yml", dflash_source_dir=str(repo), dflash_ref="v1").rc == 0
+    args = {"target_model": "tiny", "lr": "0.0003"}
+    deploy = lambda ref, **kw: playbook(  # noqa: E731
+        "deploy.yml", dflash_source_dir=str(repo), dflash_ref=ref, **{
+            "dflash_trainer_args": args, **kw})  # fmt: skip
+    assert deploy("v1").rc == 0
     before = sorted(p.name for p in (target_root / "releases").iterdir())
+    run_sh = (target_root / "run.sh").read_bytes()
 
-    same = playbook("deploy.yml", dflash_source_dir=str(repo), dflash_ref="v1", _check=True)
+    same = deploy("v1", _check=True)
     assert same.rc == 0 and same.changed() == 0, same.output
 
-    dry = playbook("deploy.yml", dflash_source_dir=str(repo), dflash_ref="v2", _check=True)
+    dry = deploy("v2", _check=True)
     assert dry.rc == 0, dry.output
     assert dry.changed() > 0, "check mode must say that a deploy of v2 would change things"
     # --diff names the switch it would make.
     assert "-current -> v1" in dry.output and "+current -> v2" in dry.output
+
+    # A trainer flag changed in the inventory: --diff shows run.sh's line with the old and the
+    # new value, and nothing else of run.sh.
+    lr = deploy("v1", dflash_trainer_args={**args, "lr": "0.0001"}, _check=True)
+    assert lr.rc == 0 and lr.changed() > 0, lr.output
+    diff = [line for line in lr.output.splitlines() if line.startswith(("-  ", "+  "))]
+    assert diff == ["-  --lr 0.0003 \\", "+  --lr 0.0001 \\"], lr.output
+    assert f"--- before: {target_root}/run.sh" in lr.output
+
+    assert (target_root / "run.sh").read_bytes() == run_sh
     assert current_of(target_root) == "releases/v1"
     assert sorted(p.name for p in (target_root / "releases").iterdir()) == before
     assert len(history_of(target_root)) == 1
