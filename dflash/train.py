@@ -163,7 +163,12 @@ def resume(trainer: Trainer, folder: Path, cfg: DrafterConfig, status: StatusFil
         )
     if not trainer.load_state_dict(payload["step"], payload):
         log("warning: the data differ from the checkpoint's; the data order starts over")
-    status.update(step=trainer.step, checkpoint={"path": str(path), "step": trainer.step})
+    # resumed_from_step: a deploy's health check counts the steps of this run from there.
+    status.update(
+        step=trainer.step,
+        resumed_from_step=trainer.step,
+        checkpoint={"path": str(path), "step": trainer.step},
+    )
     log(f"resumed from {path} at step {trainer.step}")
     return trainer.step
 

@@ -15,7 +15,11 @@ description:
     process group, waits up to I(stop_timeout), then SIGKILL, and confirms none is left.
   - Starts C(run.sh) through setsid into C(runs/<run-id>/) with a fresh C(train.log), points
     C(runs/latest) at it, and waits up to I(health_timeout) for C(status.json) to say
-    C(running) with step >= 1 and the code tree hash of C(current); else fails with the log tail.
+    C(running) with step >= I(health_steps) and the code tree hash of C(current); else fails
+    with the log tail.
+  - Throughput gate: then fails when the trainer's tokens/s is under I(min_tokens_per_s), or
+    under I(min_throughput_ratio) times I(baseline_tokens_per_s) (the previous healthy
+    deployment's); the failure stops the new trainer and names both numbers.
   - Idempotent: when the one running trainer already runs the current tree with the current
     run.sh (which names the env and the cache), nothing is restarted unless I(restart).
 options:
@@ -36,9 +40,28 @@ options:
     type: int
     default: 60
   health_timeout:
-    description: Seconds to wait for the first training step.
+    description: Seconds to wait for I(health_steps) training steps.
     type: int
     default: 300
+  health_steps:
+    description: Training steps the new trainer must finish before its health is judged.
+    type: int
+    default: 3
+  min_tokens_per_s:
+    description: Floor on the trainer's tokens/s at the health check; 0 turns it off.
+    type: float
+    default: 0
+  min_throughput_ratio:
+    description: Least share of I(baseline_tokens_per_s) the trainer must reach; 0 turns it off.
+    type: float
+    default: 0
+  baseline_tokens_per_s:
+    description: tokens/s that the previous healthy deployment measured at its health check.
+    type: float
+  baseline_name:
+    description: How the failure message names the baseline (its release and time).
+    type: str
+    default: the previous healthy deployment
   state:
     description: C(started) launches; C(stopped) only stops every trainer of the root.
     type: str
@@ -76,7 +99,7 @@ status:
   type: dict
   returned: when started
 tokens_per_s:
-  description: Throughput at the health check.
+  description: Throughput at the health check (also returned when the gate failed it).
   type: float
   returned: when started
 """
@@ -106,7 +129,11 @@ LOG_TAIL_LINES = 40
 
 
 class LaunchError(Exception):
-    pass
+    """A failed launch; `details` (run id, status, tokens/s) go back with the message."""
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.details = details
 
 
 def log_tail(path: str) -> str:
@@ -175,7 +202,7 @@ def start(root: str, release: str, run_sh: str) -> tuple[subprocess.Popen, str, 
 
 
 def wait_healthy(proc: subprocess.Popen, status_path: str, log_path: str, tree: str,
-                 timeout: int) -> dict:  # fmt: skip
+                 timeout: int, steps: int) -> dict:  # fmt: skip
     deadline = time.monotonic() + timeout
     status: dict = {}
     while time.monotonic() < deadline:
@@ -185,7 +212,9 @@ def wait_healthy(proc: subprocess.Popen, status_path: str, log_path: str, tree: 
                 f"the trainer exited at start (exit {proc.poll()}, state {status.get('state')}); "
                 f"last lines of {log_path}:\n{log_tail(log_path)}"
             )
-        if status.get("state") == "running" and (status.get("step") or 0) >= 1:
+        # Steps of this run: a trainer that resumed a checkpoint starts from its step.
+        done = (status.get("step") or 0) - (status.get("resumed_from_step") or 0)
+        if status.get("state") == "running" and done >= steps:
             if status.get("code_tree_sha256") != tree:
                 raise LaunchError(
                     f"the trainer runs code tree {status.get('code_tree_sha256')}, but current "
@@ -194,10 +223,29 @@ def wait_healthy(proc: subprocess.Popen, status_path: str, log_path: str, tree: 
             return status
         time.sleep(0.2)
     raise LaunchError(
-        f"no training step within {timeout} s (state {status.get('state') or 'none'}, step "
-        f"{status.get('step')}); raise health_timeout or read the log. Last lines of "
+        f"fewer than {steps} training steps within {timeout} s (state "
+        f"{status.get('state') or 'none'}, step {status.get('step')}); raise health_timeout or "
+        "read the log. Last lines of "
         f"{log_path}:\n{log_tail(log_path)}"
     )
+
+
+def throughput_problem(params: dict, tokens_per_s: float) -> str | None:
+    """Why a healthy-looking trainer is still too slow to keep, or None."""
+    floor = params["min_tokens_per_s"]
+    if floor and tokens_per_s < floor:
+        return (
+            f"throughput gate: {tokens_per_s:.1f} tokens/s is under the floor of {floor:g} "
+            "(dflash_min_tokens_per_s)"
+        )
+    ratio, baseline = params["min_throughput_ratio"], params["baseline_tokens_per_s"]
+    if ratio and baseline and tokens_per_s < ratio * baseline:
+        return (
+            f"throughput gate: {tokens_per_s:.1f} tokens/s is under {ratio:g} x {baseline:.1f} "
+            f"tokens/s of {params['baseline_name']} = {ratio * baseline:.1f} "
+            "(dflash_min_throughput_ratio)"
+        )
+    return None
 
 
 def run(module: AnsibleModule) -> dict:
@@ -258,19 +306,24 @@ def run(module: AnsibleModule) -> dict:
     }
     write_json_atomic(os.path.join(root, TRAINER_FILE), record)
     result.update(pid=proc.pid, run_id=run_id)
+    status_path = os.path.join(root, RUNS, run_id, "status.json")
     try:
         status = wait_healthy(
-            proc,
-            os.path.join(root, RUNS, run_id, "status.json"),
-            log_path,
-            tree,
-            params["health_timeout"],
+            proc, status_path, log_path, tree, params["health_timeout"], params["health_steps"]
         )
-    except LaunchError:
+        tokens_per_s = float(status.get("tokens_per_s") or 0.0)
+        problem = throughput_problem(params, tokens_per_s)
+        if problem:
+            raise LaunchError(
+                f"{problem} after {status.get('step')} steps; see {log_path}",
+                run_id=run_id, status=status, tokens_per_s=tokens_per_s,
+            )  # fmt: skip
+    except LaunchError as err:
         # An unhealthy trainer must not linger and write into the run folder.
         stop_all([t for t in find_trainers(root) if alive(t)], params["stop_timeout"])
+        err.details.setdefault("run_id", run_id)
         raise
-    result.update(status=status, tokens_per_s=status.get("tokens_per_s"))
+    result.update(status=status, tokens_per_s=tokens_per_s)
     return result
 
 
@@ -282,6 +335,11 @@ def main() -> None:
             "force": {"type": "bool", "default": False},
             "stop_timeout": {"type": "int", "default": 60},
             "health_timeout": {"type": "int", "default": 300},
+            "health_steps": {"type": "int", "default": 3},
+            "min_tokens_per_s": {"type": "float", "default": 0.0},
+            "min_throughput_ratio": {"type": "float", "default": 0.0},
+            "baseline_tokens_per_s": {"type": "float"},
+            "baseline_name": {"type": "str", "default": "the previous healthy deployment"},
             "state": {"type": "str", "choices": ["started", "stopped"], "default": "started"},
         },
         supports_check_mode=True,
@@ -289,7 +347,7 @@ def main() -> None:
     try:
         module.exit_json(**run(module))
     except LaunchError as err:
-        module.fail_json(msg=str(err))
+        module.fail_json(msg=str(err), **err.details)
 
 
 if __name__ == "__main__":

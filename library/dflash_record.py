@@ -35,6 +35,10 @@ options:
   previous:
     description: Release that was current before.
     type: str
+  run_sh_text:
+    description: run.sh as that deployment rendered it, when the file on disk is no longer it
+      (a release rolled back by the health check); default the file on disk.
+    type: str
   record:
     description: Extra fields for the line.
     type: dict
@@ -83,6 +87,7 @@ import shutil
 from datetime import UTC, datetime
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_release import sha256_bytes
 from ansible.module_utils.dflash_state import (
     StateError,
     append_history,
@@ -104,8 +109,12 @@ def history_entry(params: dict, manifest: dict) -> dict:
     entry = {key: manifest.get(key) for key in ("ref", "commit", "dirty")}
     entry.update(params["record"])
     # run.sh as deployed: its hash, and its text so a rollback can restore it exactly.
-    run_sh = read_run_script(params["root"])
-    entry.update(run_sh_sha256=run_sh["sha256"], run_sh_text=run_sh["content"])
+    text = params["run_sh_text"]
+    if text is None:
+        run_sh = read_run_script(params["root"])
+        entry.update(run_sh_sha256=run_sh["sha256"], run_sh_text=run_sh["content"])
+    else:
+        entry.update(run_sh_sha256=sha256_bytes(text.encode()), run_sh_text=text)
     entry.update(
         time=datetime.now(UTC).isoformat(timespec="seconds"),
         action=params["action"],
@@ -174,6 +183,7 @@ def main() -> None:
                 "required": True,
             },
             "previous": {"type": "str"},
+            "run_sh_text": {"type": "str"},
             "record": {"type": "dict", "default": {}},
             "keep": {"type": "int", "default": 5},
             "protect": {"type": "list", "elements": "str", "default": []},

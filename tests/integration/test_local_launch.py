@@ -98,5 +98,10 @@ def test_crash_at_start_puts_the_previous_release_back(deploy, trainer_repo, tar
         time.sleep(0.5)
     assert status_of(target_root)["code_tree_sha256"] == manifest["tree_sha256"]
     history = [json.loads(x) for x in (target_root / "history.jsonl").read_text().splitlines()]
-    assert history[-1]["release"] == "crash" and history[-1]["result"] == "rolled_back"
-    assert "boom" in history[-1]["error"]
+    failed, restored = history[-2:]
+    assert failed["release"] == "crash" and failed["result"] == "rolled_back"
+    assert "boom" in failed["error"] and failed["rolled_back_to"] == "v1"
+    assert (restored["action"], restored["release"], restored["result"]) == (
+        "rollback", "v1", "healthy"
+    )  # fmt: skip
+    assert restored["run_id"] == back["run_id"]

@@ -109,6 +109,7 @@ def test_sigterm_checkpoints_and_a_restart_continues_the_same_curve(tmp_path, un
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"warning: skipping checkpoint {truncated}" in result.stdout
     assert f"resumed from {good} at step {stop_step}" in result.stdout
+    assert read_status(status_path)["resumed_from_step"] == stop_step
 
     # The two halves make the reference curve, step for step.
     losses = {**log_losses(first_log), **log_losses(result.stdout)}

@@ -1,0 +1,88 @@
+# Controller-side filters: the readable tables of history.yml and diff.yml.
+from __future__ import annotations
+
+from typing import Any
+
+
+def _short(value: Any, width: int = 12) -> str:
+    return "-" if value in (None, "") else str(value)[:width]
+
+
+def _layout(layout: dict | None) -> str:
+    if not layout:
+        return "-"
+    if layout.get("mode") == "cpu":
+        return "cpu"
+    target = ",".join(map(str, layout.get("target") or []))
+    drafter = ",".join(map(str, layout.get("drafter") or []))
+    return f"{layout.get('mode')} t{target} d{drafter}"
+
+
+def _speed(value: Any) -> str:
+    return f"{value:.0f}" if isinstance(value, (int, float)) else "-"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    ]
+
+
+def history_lines(deployments: list[dict]) -> list[str]:
+    """One line per deployment: what ran, how it ended and how fast it trained."""
+    if not deployments:
+        return ["no deployments recorded"]
+    header = ["#", "time", "action", "release", "tree", "lock", "layout", "result", "tokens/s"]
+    rows = [
+        [
+            str(d["number"]),
+            _short(d.get("time"), 19),
+            _short(d.get("action")),
+            _short(d.get("release"), 24),
+            _short(d.get("tree_sha256")),
+            _short(d.get("lock_id")),
+            _layout(d.get("layout")),
+            _short(d.get("result")),
+            _speed(d.get("tokens_per_s")),
+        ]
+        for d in deployments
+    ]
+    return _table(header, rows)
+
+
+def _side(summary: dict) -> str:
+    return (
+        f"#{summary['number']} {summary.get('action')} {summary.get('release')} "
+        f"({summary.get('result')}, {summary.get('time')}, {_speed(summary.get('tokens_per_s'))} "
+        "tokens/s)"
+    )
+
+
+def diff_lines(diff: dict) -> list[str]:
+    """The diff of two deployments: a table of changed values, file names, then text diffs."""
+    lines = [f"from {_side(diff['from'])}", f"to   {_side(diff['to'])}"]
+    files = diff["files"]
+    if not files["known"]:
+        lines.append("files: not compared (a release is no longer on the target)")
+    for kind in ("added", "removed", "changed"):
+        lines.extend(f"file {kind}: {path}" for path in files[kind])
+    rows = [
+        [c["section"], c["name"], _short(c["from"], 40), _short(c["to"], 40)]
+        for c in diff["changes"]
+    ]
+    speed = diff["throughput"]
+    ratio = f" (x{speed['ratio']})" if speed.get("ratio") is not None else ""
+    rows.append(["throughput", "tokens/s", _speed(speed["from"]), _speed(speed["to"]) + ratio])
+    lines.extend(_table(["section", "name", "from", "to"], rows))
+    for _path, text in sorted(files["text"].items()):
+        lines.extend(text.rstrip("\n").split("\n"))
+    if not files["added"] + files["removed"] + files["changed"] and not diff["changes"]:
+        lines.append("same code, environment, run.sh values and GPU layout")
+    return lines
+
+
+class FilterModule:
+    def filters(self) -> dict:
+        return {"dflash_history_lines": history_lines, "dflash_diff_lines": diff_lines}

@@ -1,0 +1,110 @@
+#!/usr/bin/python
+# The deployments of a target, and what changed between two of them; never changes anything.
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: dflash_history
+short_description: List the deployments of a target and compare two of them
+description:
+  - Read-only. Returns every line of C(history.jsonl) as a numbered deployment (time, action,
+    release, tree hash, lock id, GPU layout, trainer args, result, tokens/s).
+  - With I(diff_from) and I(diff_to), also what changed between the two deployments they
+    select - files added, removed and changed (with the text diff when both releases are still
+    on the target), environment versions, run.sh values, GPU layout and throughput.
+options:
+  root:
+    description: State root on the target.
+    type: path
+    required: true
+  diff_from:
+    description:
+      - The older side of the diff. C(current) (the deployment that made current current),
+        C(previous) (the newest healthy or staged one before it that ran other code, env or
+        run.sh),
+        C(fastest) (the healthy one with the most tokens/s), C(last) (the newest line,
+        whatever its result), a number as listed, or a release id (its newest deployment).
+    type: str
+  diff_to:
+    description: The newer side of the diff, with the same selectors.
+    type: str
+author: dflash-deploy
+"""
+
+EXAMPLES = r"""
+- name: What changed since the last healthy deployment
+  dflash_history:
+    root: /opt/dflash
+    diff_from: previous
+    diff_to: current
+"""
+
+RETURN = r"""
+deployments:
+  description: The deployments, oldest first, numbered from 1.
+  type: list
+  elements: dict
+  returned: always
+current:
+  description: The release C(current) points at.
+  type: str
+  returned: always
+diff:
+  description: from, to (summaries), files (added, removed, changed, text), changes (section,
+    name, from, to for release, environment, run_sh and layout) and throughput (from, to, ratio).
+  type: dict
+  returned: when diff_from and diff_to are given
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_history import SelectorError, compare, listing, select
+from ansible.module_utils.dflash_state import (
+    current_release,
+    read_history,
+    release_dir,
+    release_manifests,
+)
+
+
+def reader(root: str):
+    def read(release: str, path: str) -> bytes | None:
+        try:
+            with open(os.path.join(release_dir(root, release), path), "rb") as handle:
+                return handle.read()
+        except OSError:
+            return None
+
+    return read
+
+
+def run(params: dict) -> dict:
+    root = params["root"]
+    history = read_history(root)
+    current, _link = current_release(root)
+    result = {"changed": False, "deployments": listing(history), "current": current}
+    if params["diff_from"] or params["diff_to"]:
+        old = select(history, current, params["diff_from"] or "previous")
+        new = select(history, current, params["diff_to"] or "current")
+        result["diff"] = compare(history, old, new, release_manifests(root), reader(root))
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "root": {"type": "path", "required": True},
+            "diff_from": {"type": "str"},
+            "diff_to": {"type": "str"},
+        },
+        supports_check_mode=True,
+    )
+    try:
+        module.exit_json(**run(module.params))
+    except SelectorError as err:
+        module.fail_json(msg=f"{module.params['root']}: {err}")
+
+
+if __name__ == "__main__":
+    main()

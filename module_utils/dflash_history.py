@@ -1,0 +1,207 @@
+# The deployments of one target as history.jsonl records them: a listing, the choice of two
+# of them by a selector, and what changed between them (files, environment, run.sh values,
+# GPU layout, throughput). Pure functions over the history and the release manifests.
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+
+from ansible.module_utils.dflash_lock import pinned
+
+SELECTORS = "current, previous, fastest, last, a number from history.yml, or a release id"
+TEXT_DIFF_LINES = 200
+# Deployments that ended well: health-checked, or staged without a launch.
+GOOD = ("healthy", "deployed")
+
+
+class SelectorError(ValueError):
+    pass
+
+
+def listing(history: list[dict]) -> list[dict]:
+    """One row per deployment, numbered from 1 (oldest), without the bulky run.sh text."""
+    rows = []
+    for number, entry in enumerate(history, start=1):
+        run_sh = entry.get("run_sh") or {}
+        rows.append(
+            {
+                "number": number,
+                "time": entry.get("time"),
+                "action": entry.get("action"),
+                "release": entry.get("release"),
+                "tree_sha256": entry.get("tree_sha256"),
+                "lock_id": entry.get("lock_id"),
+                "layout": run_sh.get("layout"),
+                "trainer_args": run_sh.get("trainer_args"),
+                "result": entry.get("result"),
+                "tokens_per_s": entry.get("tokens_per_s"),
+                "error": entry.get("error"),
+            }
+        )
+    return rows
+
+
+def _newest(history: list[dict], accept: Callable[[dict], bool]) -> int | None:
+    for index in range(len(history) - 1, -1, -1):
+        if accept(history[index]):
+            return index
+    return None
+
+
+def current_index(history: list[dict], current: str | None) -> int | None:
+    """The deployment that made `current` current: its newest good entry."""
+    return _newest(
+        history,
+        lambda e: e.get("release") == current and e.get("result") in GOOD,
+    )
+
+
+def select(history: list[dict], current: str | None, selector: str) -> int:
+    """Index into history of the deployment a selector names; SelectorError names the fix."""
+    text = str(selector).strip()
+    now = current_index(history, current)
+    if text == "current":
+        index = now
+    elif text == "previous":
+        # The newest good deployment before the current one that ran something else.
+        before = len(history) if now is None else now
+        same = _identity(history[now]) if now is not None else None
+        index = _newest(
+            history[:before], lambda e: e.get("result") in GOOD and _identity(e) != same
+        )
+    elif text == "last":
+        index = len(history) - 1 if history else None
+    elif text == "fastest":
+        rated = [i for i, e in enumerate(history) if e.get("result") == "healthy"
+                 and isinstance(e.get("tokens_per_s"), (int, float))]  # fmt: skip
+        index = max(rated, key=lambda i: history[i]["tokens_per_s"]) if rated else None
+    elif text.isdigit():
+        index = int(text) - 1 if 1 <= int(text) <= len(history) else None
+    else:
+        index = _newest(history, lambda e: e.get("release") == text)
+    if index is None:
+        raise SelectorError(
+            f"no deployment matches '{selector}' in the {len(history)} entries of history.jsonl; "
+            f"use {SELECTORS}"
+        )
+    return index
+
+
+def _identity(entry: dict) -> tuple:
+    return tuple(entry.get(k) for k in ("tree_sha256", "lock_id", "run_sh_sha256"))
+
+
+def _flatten(value: object, prefix: str) -> dict[str, object]:
+    if isinstance(value, dict):
+        flat: dict[str, object] = {}
+        for key, inner in value.items():
+            flat.update(_flatten(inner, f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    return {prefix: value}
+
+
+def _changes(section: str, old: dict, new: dict) -> list[dict]:
+    return [
+        {"section": section, "name": name, "from": old.get(name), "to": new.get(name)}
+        for name in sorted(set(old) | set(new))
+        if old.get(name) != new.get(name)
+    ]
+
+
+def environment_of(entry: dict) -> dict[str, object]:
+    lock = entry.get("lock") or {}
+    versions: dict[str, object] = dict(pinned(lock))
+    versions.update({key: lock.get(key) for key in ("python", "cuda") if key in lock})
+    return versions
+
+
+def run_sh_values(entry: dict) -> dict[str, object]:
+    """run.sh values apart from the GPU layout (that one is a section of its own)."""
+    run_sh = {k: v for k, v in (entry.get("run_sh") or {}).items() if k != "layout"}
+    return _flatten(run_sh, "")
+
+
+def text_diff(name: str, old: bytes, new: bytes) -> str | None:
+    try:
+        old_lines = old.decode().splitlines(keepends=True)
+        new_lines = new.decode().splitlines(keepends=True)
+    except UnicodeDecodeError:
+        return None  # a binary file: the name says enough
+    lines = list(difflib.unified_diff(old_lines, new_lines, f"a/{name}", f"b/{name}"))
+    if len(lines) > TEXT_DIFF_LINES:
+        lines = [*lines[:TEXT_DIFF_LINES], f"... {len(lines) - TEXT_DIFF_LINES} more lines\n"]
+    return "".join(lines)
+
+
+def file_changes(
+    old: dict | None, new: dict | None, read: Callable[[str, str], bytes | None]
+) -> dict:
+    """Files added, removed and changed between two release manifests; the text diff of a
+    changed file when `read(release, path)` still finds both copies on the target."""
+    if old is None or new is None:
+        return {"known": False, "added": [], "removed": [], "changed": [], "text": {}}
+    before, after = old.get("files", {}), new.get("files", {})
+    changed = sorted(p for p in set(before) & set(after) if before[p] != after[p])
+    texts = {}
+    for path in changed:
+        old_bytes, new_bytes = read(old["release"], path), read(new["release"], path)
+        if old_bytes is not None and new_bytes is not None:
+            diff = text_diff(path, old_bytes, new_bytes)
+            if diff is not None:
+                texts[path] = diff
+    return {
+        "known": True,
+        "added": sorted(set(after) - set(before)),
+        "removed": sorted(set(before) - set(after)),
+        "changed": changed,
+        "text": texts,
+    }
+
+
+def summary(history: list[dict], index: int) -> dict:
+    row = listing(history)[index]
+    return {k: row[k] for k in ("number", "time", "action", "release", "result", "tokens_per_s")}
+
+
+def compare(
+    history: list[dict],
+    old_index: int,
+    new_index: int,
+    manifests: dict[str, dict],
+    read: Callable[[str, str], bytes | None],
+) -> dict:
+    """What changed from deployment `old_index` to `new_index`."""
+    old, new = history[old_index], history[new_index]
+
+    def manifest(entry: dict) -> dict | None:
+        found = manifests.get(entry.get("release") or "")
+        # A release rebuilt under the same name with other code is not the one deployed then.
+        if found is None or found.get("tree_sha256") != entry.get("tree_sha256"):
+            return None
+        return dict(found, release=entry["release"])
+
+    old_layout = (old.get("run_sh") or {}).get("layout") or {}
+    new_layout = (new.get("run_sh") or {}).get("layout") or {}
+    changes = [
+        *_changes("release", _release_fields(old), _release_fields(new)),
+        *_changes("environment", environment_of(old), environment_of(new)),
+        *_changes("run_sh", run_sh_values(old), run_sh_values(new)),
+        *_changes("layout", _flatten(old_layout, ""), _flatten(new_layout, "")),
+    ]
+    old_speed, new_speed = old.get("tokens_per_s"), new.get("tokens_per_s")
+    both = isinstance(old_speed, (int, float)) and isinstance(new_speed, (int, float))
+    return {
+        "from": summary(history, old_index),
+        "to": summary(history, new_index),
+        "files": file_changes(manifest(old), manifest(new), read),
+        "changes": changes,
+        "throughput": {
+            "from": old_speed,
+            "to": new_speed,
+            "ratio": round(new_speed / old_speed, 3) if both and old_speed else None,
+        },
+    }
+
+
+def _release_fields(entry: dict) -> dict[str, object]:
+    return {k: entry.get(k) for k in ("release", "tree_sha256", "commit", "dirty", "lock_id")}

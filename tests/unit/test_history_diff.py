@@ -1,0 +1,106 @@
+"""Choosing two deployments from history.jsonl and naming exactly what changed between them."""
+
+from __future__ import annotations
+
+import pytest
+from ansible.module_utils.dflash_history import SelectorError, compare, listing, select
+from dflash_history_filters import diff_lines, history_lines
+
+LOCK = {"python": "3.11", "torch": "2.13.0+cpu", "wheels": {"Jinja2": "3.1.6", "numpy": "2.1.0"}}
+
+
+def entry(release: str, result: str = "healthy", speed: float | None = 1000.0, **extra) -> dict:
+    base = {
+        "time": "2026-11-30T12:00:00+00:00",
+        "action": "deploy",
+        "release": release,
+        "tree_sha256": f"tree-{release}",
+        "lock_id": "lock-a",
+        "lock": LOCK,
+        "run_sh_sha256": "sh-a",
+        "run_sh": {
+            "layout": {"mode": "cpu", "target": [], "drafter": []},
+            "trainer_args": {"target_model": "tiny", "max_steps": 100},
+            "trainer_env": {},
+        },
+        "result": result,
+        "tokens_per_s": speed,
+    }
+    base.update(extra)
+    return base
+
+
+HISTORY = [
+    entry("v1", speed=900.0),
+    entry("v2", speed=1200.0),
+    entry("v3", result="rolled_back", speed=300.0, error="tokens/s under the floor"),
+    entry("v2", action="rollback", speed=1100.0),
+]
+
+
+def test_selectors_pick_the_documented_deployment():
+    assert select(HISTORY, "v2", "current") == 3
+    # previous skips the deployments that ran the same code, env and run.sh as current
+    assert select(HISTORY, "v2", "previous") == 0
+    assert select(HISTORY, "v2", "fastest") == 1
+    assert select(HISTORY, "v2", "last") == 3
+    assert select(HISTORY, "v2", "3") == 2
+    assert select(HISTORY, "v2", "v3") == 2
+
+
+@pytest.mark.parametrize("selector", ["0", "9", "v9", "current"])
+def test_an_unknown_selector_names_the_value_and_the_choices(selector):
+    current = "nothing-current" if selector == "current" else "v2"
+    with pytest.raises(SelectorError, match=rf"'{selector}'.*previous, fastest"):
+        select(HISTORY, current, selector)
+
+
+def test_previous_sees_a_run_sh_only_change_of_the_same_release():
+    history = [entry("v1"), entry("v1", run_sh_sha256="sh-b")]
+    assert select(history, "v1", "previous") == 0
+
+
+def test_diff_names_exactly_the_changed_file_package_and_run_sh_value():
+    new_lock = dict(LOCK, wheels={"Jinja2": "3.1.5", "numpy": "2.1.0"})
+    old = entry("v1")
+    new = entry("v2", lock=new_lock, lock_id="lock-b", speed=500.0)
+    new["run_sh"] = dict(old["run_sh"], trainer_args={"target_model": "tiny", "max_steps": 200})
+    manifests = {
+        "v1": {"tree_sha256": "tree-v1", "files": {"dflash/a.py": "1", "dflash/b.py": "2"}},
+        "v2": {"tree_sha256": "tree-v2", "files": {"dflash/a.py": "1", "dflash/b.py": "3"}},
+    }
+    texts = {("v1", "dflash/b.py"): b"x = 1\n", ("v2", "dflash/b.py"): b"x = 2\n"}
+    diff = compare([old, new], 0, 1, manifests, lambda r, p: texts.get((r, p)))
+    assert diff["files"]["changed"] == ["dflash/b.py"]
+    assert diff["files"]["added"] == diff["files"]["removed"] == []
+    assert "-x = 1\n+x = 2" in diff["files"]["text"]["dflash/b.py"]
+    named = {(c["section"], c["name"]): (c["from"], c["to"]) for c in diff["changes"]}
+    assert named == {
+        ("release", "release"): ("v1", "v2"),
+        ("release", "tree_sha256"): ("tree-v1", "tree-v2"),
+        ("release", "lock_id"): ("lock-a", "lock-b"),
+        ("environment", "jinja2"): ("3.1.6", "3.1.5"),
+        ("run_sh", "trainer_args.max_steps"): (100, 200),
+    }
+    assert diff["throughput"] == {"from": 1000.0, "to": 500.0, "ratio": 0.5}
+    table = "\n".join(diff_lines(diff))
+    assert "jinja2" in table and "trainer_args.max_steps" in table and "x0.5" in table
+
+
+def test_files_of_a_pruned_or_rebuilt_release_are_not_guessed():
+    manifests = {"v2": {"tree_sha256": "other-tree", "files": {}}}
+    diff = compare([entry("v1"), entry("v2")], 0, 1, manifests, lambda r, p: None)
+    assert diff["files"]["known"] is False
+    assert "not compared" in "\n".join(diff_lines(diff))
+
+
+def test_listing_numbers_every_line_and_the_table_shows_results_and_speed():
+    rows = listing(HISTORY)
+    assert [r["number"] for r in rows] == [1, 2, 3, 4]
+    assert rows[2]["error"] == "tokens/s under the floor"
+    lines = history_lines(rows)
+    assert lines[0].split() == [
+        "#", "time", "action", "release", "tree", "lock", "layout", "result", "tokens/s"
+    ]  # fmt: skip
+    assert "rolled_back" in lines[3] and "300" in lines[3]
+    assert history_lines([]) == ["no deployments recorded"]
