@@ -65,7 +65,7 @@ def test_slow_release_is_rolled_back_by_the_throughput_gate(
 
     report = tmp_path / "diff.json"
     diff = playbook("diff.yml", dflash_diff_json=str(report), dflash_diff_from="current",
-                    dflash_diff_to="last")  # fmt: skip
+                    dflash_diff_to="v2")  # fmt: skip
     assert diff.rc == 0, diff.output
     found = json.loads(report.read_text())["hosts"]["local"]
     assert found["files"]["changed"] == ["dflash/__init__.py"]
