@@ -6,67 +6,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-import xml.etree.ElementTree as ElementTree
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.deployed.state import REPO
+from tests.deployed.suite_run import TRAINER_TESTS, run_suite
 from tests.integration.conftest import alive, deploy  # noqa: F401
 
-SUITE = Path(__file__).parent
 # Generous: the suite takes a few seconds here; per-command round trips would take minutes.
 SUITE_MAX_S = 60
-TRAINER_TESTS = {
-    "test_one_trainer_process_group",
-    "test_trainer_runs_current_release",
-    "test_trainer_heartbeat_is_fresh",
-    "test_trainer_state_is_running",
-}
 
 pytestmark = [pytest.mark.selftest, pytest.mark.slow]
-
-
-@dataclass
-class SuiteRun:
-    rc: int
-    output: str
-    seconds: float
-    passed: set[str]
-    skipped: set[str]
-    failed: dict[str, str]  # test name -> its failure text
-
-
-def run_suite(inventory: Path, junit: Path) -> SuiteRun:
-    """`pytest tests/deployed --inventory FILE` in a fresh process, as in a user's CI."""
-    started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", str(SUITE), "--inventory", str(inventory),
-         "-p", "no:cacheprovider", "-q", f"--junitxml={junit}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    seconds = time.monotonic() - started
-    passed: set[str] = set()
-    skipped: set[str] = set()
-    failed: dict[str, str] = {}
-    for case in ElementTree.parse(junit).iter("testcase"):
-        # The host parameter is the same everywhere here: keep the bare test name.
-        name = case.get("name", "").split("[")[0]
-        problem = case.find("failure")
-        if problem is None:
-            problem = case.find("error")
-        if problem is not None:
-            failed[name] = f"{problem.get('message')}\n{problem.text}"
-        elif case.find("skipped") is not None:
-            skipped.add(name)
-        else:
-            passed.add(name)
-    return SuiteRun(proc.returncode, proc.stdout + proc.stderr, seconds, passed, skipped, failed)
 
 
 def local_inventory(path: Path, root: Path) -> Path:

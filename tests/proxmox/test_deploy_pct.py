@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.deployed.suite_run import TRAINER_TESTS, run_suite
 from tests.helpers import PlaybookRun, run_playbook
+from tests.integration.conftest import add_release
 from tests.testbed.bed import Testbed
 
 SEED_ROOT = "/opt/dflash-seed"
@@ -53,20 +55,25 @@ def pct_playbook(
         assert seeded.returncode == 0, seeded.stderr
     report = tmp_path / "verify.json"
 
-    def run(name: str, host_vars: dict | None = None, **extravars: object) -> PlaybookRun:
-        inventory = bed.inventory(
+    def inventory(host_vars: dict | None = None) -> Path:
+        return bed.inventory(
             tmp_path / "inventory.yml",
             group_vars={"dflash_lock": bed_lock, "dflash_root": root},
             host_vars=host_vars,
         )
+
+    def run(name: str, host_vars: dict | None = None, **extravars: object) -> PlaybookRun:
+        inventory(host_vars)
         extravars.setdefault("dflash_verify_json", str(report))
         # Most tests here deploy small fake packages: no trainer unless a test asks for one.
         extravars.setdefault("dflash_launch", False)
-        result = run_playbook(name, extravars, inventory=inventory)
+        report.unlink(missing_ok=True)
+        result = run_playbook(name, extravars, inventory=tmp_path / "inventory.yml")
         result.report = json.loads(report.read_text()) if report.exists() else None
         return result
 
     run.root = root  # type: ignore[attr-defined]
+    run.inventory = inventory  # type: ignore[attr-defined]
     return run
 
 
@@ -169,16 +176,36 @@ def test_missing_gpu_and_unknown_vmid_are_refused_before_any_change(bed, pct_pla
     assert probe.returncode != 0
 
 
-def test_real_trainer_runs_healthy_in_every_container(bed, pct_playbook, trainer_repo):
-    """The real trainer, launched over pct in both containers, proven healthy, then audited."""
+def findings_of(run: PlaybookRun) -> dict[str, dict[str, list[dict]]]:
+    """host -> kind -> verify's findings of that kind."""
+    found: dict[str, dict[str, list[dict]]] = {}
+    for host, result in run.report["hosts"].items():
+        found[host] = {}
+        for item in result["findings"]:
+            found[host].setdefault(item["kind"], []).append(item)
+    return found
+
+
+def sh(bed: Testbed, vmid: int, script: str) -> str:
+    """A shell script in a container (lxc-attach); its stdout."""
+    return bed.attach(vmid, "sh", "-c", script).stdout.strip()
+
+
+def test_real_trainer_healthy_then_each_drift_named(bed, pct_playbook, trainer_repo, tmp_path):
+    """The real trainer, launched over pct in both containers and proven healthy; verify.yml and
+    the deployed-state suite pass on it. Then every drift of a running trainer's state is made
+    for real in the containers, in two rounds (restoring in between), and verify.yml names each
+    with what it expected and what it found; the suite fails on the first round's drifts."""
     args = {"target_model": "tiny", "gen_samples": 64}
+    root = pct_playbook.root
+    a, b = bed.vmids
+    host_a, host_b = bed.hostname(a), bed.hostname(b)
     run = pct_playbook(
         "deploy.yml", dflash_source_dir=str(trainer_repo), dflash_ref="v1", dflash_launch=True,
         dflash_trainer_args=args, dflash_health_timeout=240,
     )  # fmt: skip
     try:
         assert run.rc == 0, run.output
-        root = pct_playbook.root
         for vmid in bed.vmids:
             status = json.loads(bed.attach(vmid, "cat", f"{root}/runs/latest/status.json").stdout)
             manifest = json.loads(bed.attach(vmid, "cat", f"{root}/current/MANIFEST.json").stdout)
@@ -188,24 +215,110 @@ def test_real_trainer_runs_healthy_in_every_container(bed, pct_playbook, trainer
             "deploy.yml", dflash_source_dir=str(trainer_repo), dflash_ref="v1",
             dflash_launch=True, dflash_trainer_args=args,
         )  # fmt: skip
-        assert [again.changed(bed.hostname(v)) for v in bed.vmids] == [0, 0], again.output
+        assert [again.changed(h) for h in (host_a, host_b)] == [0, 0], again.output
         audit = pct_playbook("verify.yml")
         assert audit.rc == 0, audit.output
+        assert {h: r["verdict"] for h, r in audit.report["hosts"].items()} == {
+            host_a: "ok", host_b: "ok"
+        }  # fmt: skip
+        # The deployed-state suite, as a user runs it against these containers.
+        clean = run_suite(pct_playbook.inventory(), tmp_path / "suite-clean.xml")
+        assert clean.rc == 0 and not clean.failed, clean.output
+        assert clean.passed >= {*TRAINER_TESTS, "test_verify_finds_no_drift"}, clean.output
 
-        # Drift in the containers: run.sh edited in one, the trainer killed in the other.
-        edited, killed = bed.vmids
-        bed.attach(edited, "sh", "-c", f"echo '# by hand' >> {root}/run.sh")
-        bed.attach(killed, "pkill", "-KILL", "-f", "dflash[.]train")
+        # Round 1. B: its trainer frozen (SIGSTOP), so status.json stops moving (heartbeat_stale
+        # with B's limit at 3 s), and a cache built by another torch for another tree put in
+        # place of its cache (cache). A: another version of a locked package in the env, as
+        # `pip install` leaves it (a new dist-info; hard links to the seed env stay untouched).
+        frozen = json.loads(sh(bed, b, f"cat {root}/trainer.json"))["pid"]
+        sh(bed, b, f"kill -s STOP -- -{frozen}")
+        frozen_at = time.monotonic()
+        try:
+            cache = json.loads(sh(bed, b, f"tail -n 1 {root}/history.jsonl"))["run_sh"][
+                "cache_dir"]  # fmt: skip
+            foreign = {"torch": "2.11.0+cu130", "triton": "3.3.1", "cuda": "13.0",
+                       "gpu": "NVIDIA H200", "tree_sha256": "f" * 64}  # fmt: skip
+            sh(bed, b, f"mv {cache} {cache}.aside && mkdir {cache} && "
+                       f"echo '{json.dumps(foreign)}' > {cache}/built-by.json")  # fmt: skip
+            site = sh(bed, a, f"ls -d {root}/envs/lock-*/lib/python3*/site-packages")
+            sh(bed, a, f"cd {site} && mv shellingham-1.5.4.dist-info shellingham-1.5.5.dist-info"
+                       " && sed -i 's/^Version: 1.5.4$/Version: 1.5.5/' "
+                       "shellingham-1.5.5.dist-info/METADATA")  # fmt: skip
+            # The heartbeat (every 2 s) is older than 3 s from here on.
+            time.sleep(max(0.0, 4 - (time.monotonic() - frozen_at)))
+            limit = {b: {"dflash_heartbeat_max_age": 3}}
+            drift = pct_playbook("verify.yml", host_vars=limit)
+            suite = run_suite(pct_playbook.inventory(limit), tmp_path / "suite-drift.xml")
+        finally:
+            sh(bed, b, f"kill -s CONT -- -{frozen}")
+        assert drift.rc != 0
+        found = findings_of(drift)
+        assert {h: sorted(k) for h, k in found.items()} == {
+            host_a: ["environment"], host_b: ["cache", "heartbeat_stale"]
+        }, drift.output  # fmt: skip
+        [item] = found[host_a]["environment"]
+        assert item["package"] == "shellingham"
+        assert (item["expected"], item["found"]) == ("shellingham==1.5.4", "shellingham==1.5.5")
+        [item] = found[host_b]["cache"]
+        assert "2.13.0+cpu" in item["expected"] and "2.11.0+cu130" in item["found"]
+        assert item["path"] == cache
+        [item] = found[host_b]["heartbeat_stale"]
+        assert item["pid"] == frozen and "within 3 s" in item["expected"]
+        assert "last update" in item["found"]
+        # The deployed-state suite fails on the same drifts, naming host and package / cache.
+        assert suite.rc != 0
+        assert set(suite.failed) == {
+            "test_environment_matches_lock",
+            "test_compile_cache_is_this_builds",
+            "test_trainer_heartbeat_is_fresh",
+            "test_verify_finds_no_drift",
+        }, suite.output
+        assert f"{host_a}: environment shellingham" in suite.failed["test_environment_matches_lock"]
+        assert "shellingham==1.5.5" in suite.failed["test_environment_matches_lock"]
+        assert f"{host_b}: cache {cache}" in suite.failed["test_compile_cache_is_this_builds"]
+        assert f"{host_b}: heartbeat of trainer pid {frozen}" in suite.failed[
+            "test_trainer_heartbeat_is_fresh"]  # fmt: skip
+        sh(bed, a, f"cd {site} && mv shellingham-1.5.5.dist-info shellingham-1.5.4.dist-info"
+                   " && sed -i 's/^Version: 1.5.5$/Version: 1.5.4/' "
+                   "shellingham-1.5.4.dist-info/METADATA")  # fmt: skip
+        sh(bed, b, f"rm -rf {cache} && mv {cache}.aside {cache}")
+
+        # Round 2. A: v2 made current without a launch while the v1 trainer keeps running
+        # from v1's folder with v1's cache (stale_process, cache), run.sh edited by hand
+        # (run_script), and a second trainer started by hand through it (duplicate_trainer).
+        # B: its trainer killed (not_running).
+        add_release(trainer_repo, "v2", "dflash/__init__.py", "# v2\n")
+        old = json.loads(sh(bed, a, f"cat {root}/trainer.json"))["pid"]
+        staged = pct_playbook(
+            "deploy.yml", dflash_hosts=host_a, dflash_source_dir=str(trainer_repo),
+            dflash_ref="v2", dflash_trainer_args=args,
+        )  # fmt: skip
+        assert staged.rc == 0, staged.output
+        assert current_in(bed, a, root) == "releases/v2"
+        sh(bed, a, f"echo '# by hand' >> {root}/run.sh")
+        # In the background it is no group leader, so setsid execs in place: $! is the trainer.
+        second = int(sh(bed, a, f"DFLASH_RUN_ID=by-hand setsid bash {root}/run.sh "
+                                ">/dev/null 2>&1 </dev/null & echo $!"))  # fmt: skip
+        bed.attach(b, "pkill", "-KILL", "-f", "dflash[.]train")
         time.sleep(1)
         drift = pct_playbook("verify.yml")
         assert drift.rc != 0
-        kinds = {
-            host: [f["kind"] for f in result["findings"]]
-            for host, result in drift.report["hosts"].items()
-        }
-        assert kinds == {
-            bed.hostname(edited): ["run_script"],
-            bed.hostname(killed): ["not_running"],
-        }
+        found = findings_of(drift)
+        assert {h: sorted(k) for h, k in found.items()} == {
+            host_a: ["cache", "duplicate_trainer", "run_script", "stale_process"],
+            host_b: ["not_running"],
+        }, drift.output
+        [item] = found[host_a]["stale_process"]
+        assert item["pid"] == old and "release v2" in item["expected"]
+        assert "runs release v1" in item["found"]
+        [item] = found[host_a]["cache"]
+        assert item["pid"] == old and item["expected"] != cache and cache in item["found"]
+        [item] = found[host_a]["run_script"]
+        assert item["found"] != item["expected"]
+        [item] = found[host_a]["duplicate_trainer"]
+        assert item["expected"] == "one trainer" and item["pids"] == sorted([old, second])
+        [item] = found[host_b]["not_running"]
+        assert "v1" in item["expected"] and item["found"] == "no trainer process"
     finally:
+        # Every trainer of the root, the one started by hand included.
         assert pct_playbook("playbooks/stop.yml").rc == 0
