@@ -186,12 +186,19 @@ class BatchOrder:
         batches.append(current)
         return batches
 
-    def next(self) -> Batch:
+    def _advance(self) -> list[int]:
         if self.index >= len(self._batches):
             self.epoch, self.index = self.epoch + 1, 0
             self._batches = self._cut(self.epoch)
-        picked = [self.samples[i] for i in self._batches[self.index]]
         self.index += 1
+        return self._batches[self.index - 1]
+
+    def skip(self) -> None:
+        """Pass over the next batch without building it (another data shard's)."""
+        self._advance()
+
+    def next(self) -> Batch:
+        picked = [self.samples[i] for i in self._advance()]
         rows = self.fixed_rows or len(picked)
         seq_len = self._padded(max(len(s.input_ids) for s in picked))
         input_ids = torch.zeros(rows, seq_len, dtype=torch.long)
@@ -212,3 +219,29 @@ class BatchOrder:
         self.epoch, self.index = state["epoch"], state["index"]
         self._batches = self._cut(self.epoch)
         return True
+
+
+class ShardedOrder:
+    """Data parallelism over one global order: each step takes `num_shards` consecutive batches
+    of it, batch k going to shard k. Every rank advances the same order, so its state is the
+    same on all ranks and one checkpoint resumes them all. One shard: exactly `order.next()`."""
+
+    def __init__(self, order: BatchOrder, num_shards: int) -> None:
+        self.order = order
+        self.num_shards = num_shards
+
+    def next_step(self, shards: list[int]) -> list[Batch]:
+        """The batches of these shards (in that order) for one step; the others are skipped."""
+        built: dict[int, Batch] = {}
+        for shard in range(self.num_shards):
+            if shard in shards:
+                built[shard] = self.order.next()
+            else:
+                self.order.skip()
+        return [built[shard] for shard in shards]
+
+    def state_dict(self) -> dict[str, int]:
+        return self.order.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> bool:
+        return self.order.load_state_dict(state)

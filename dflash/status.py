@@ -1,7 +1,8 @@
 """status.json (DESIGN.md): what this process is, runs and has done, rewritten atomically.
 
 A heartbeat thread rewrites the file every `interval_s` seconds whatever the main thread does
-(long compiles, long steps), so `updated_at` proves the process is alive.
+(long compiles, long steps), so `updated_at` proves the process is alive. Of several ranks only
+the lead writes: the others keep a disabled StatusFile, whose writes do nothing.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ def utc_now() -> str:
 
 
 class StatusFile:
-    def __init__(self, path: Path, run_id: str, interval_s: float) -> None:
+    def __init__(self, path: Path, run_id: str, interval_s: float, enabled: bool = True) -> None:
         self.path = path
         self.interval_s = interval_s
+        self.enabled = enabled
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -43,6 +45,7 @@ class StatusFile:
             "started_at": utc_now(),
             "updated_at": None,
             "checkpoint": None,
+            "stages": None,  # seconds per step by stage (dflash.stages), once steps run
         }
 
     def update(self, **fields: Any) -> None:
@@ -63,6 +66,8 @@ class StatusFile:
             return dict(self._fields)
 
     def _write_locked(self) -> None:
+        if not self.enabled:
+            return
         self._fields["updated_at"] = utc_now()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from dflash.mask import attention_mask
 from dflash.model import Drafter
@@ -23,16 +23,29 @@ class DrafterStep:
     dense mask in fp32 (flex_attention has no CPU backward). Compiled code (flex_attention
     always, the whole drafter with `compile`) wants static shapes: then every step samples
     exactly num_anchors slots per row, and the batches must have fixed rows and length too.
+    `static` forces that elsewhere (several processes on the CPU: the same maths as on GPUs).
+    `module` runs the drafter's forward: a DistributedDataParallel wrapper with several
+    drafter ranks, else the drafter itself.
     """
 
-    def __init__(self, drafter: Drafter, gamma: float, num_anchors: int, compile: bool) -> None:
+    def __init__(
+        self,
+        drafter: Drafter,
+        gamma: float,
+        num_anchors: int,
+        compile: bool,
+        *,
+        static: bool = False,
+        module: nn.Module | None = None,
+    ) -> None:
         self.drafter = drafter
         self.gamma = gamma
         self.num_anchors = num_anchors
         self.device = drafter.fc.weight.device
         self.on_gpu = self.device.type == "cuda"
-        self.static_shapes = static_shapes(self.device, compile)
-        self.forward = torch.compile(drafter, dynamic=False) if compile else drafter
+        self.static_shapes = static or static_shapes(self.device, compile)
+        module = drafter if module is None else module
+        self.forward = torch.compile(module, dynamic=False) if compile else module
 
     def loss(self, batch: FeatureBatch, generator: torch.Generator) -> Tensor:
         cfg = self.drafter.cfg

@@ -54,6 +54,17 @@ def tiny_model(config: Any) -> Any:
     return model
 
 
+def random_model(config: Any, device: torch.device, dtype: torch.dtype) -> Any:
+    """A causal LM of this config with random weights, made on the device (the same in every
+    process)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(0)
+        with torch.device(device):
+            return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
 def feature_layer_ids(num_layers: int, num_features: int) -> list[int]:
     """Target layers whose outputs form the context: [L // 2], or spread from 1 to L - 3."""
     if num_features == 1:
@@ -126,9 +137,14 @@ class Target:
 
 
 def load_target(
-    name: str, device: torch.device, num_features: int, mask_token_id: int | None
+    name: str,
+    device: torch.device,
+    num_features: int,
+    mask_token_id: int | None,
+    random_init: bool = False,
 ) -> Target:
-    """Load the target frozen: bf16 on a GPU, fp32 on the CPU."""
+    """Load the target frozen: bf16 on a GPU, fp32 on the CPU. `random_init` builds a folder's
+    model from its config.json with random weights (benchmarks: no weights are read)."""
     config = load_target_config(name)
     layers = config.num_hidden_layers
     if not 1 <= num_features <= max(1, layers - 2):
@@ -139,6 +155,8 @@ def load_target(
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if name == TINY:
         model = tiny_model(config).to(device=device, dtype=dtype)
+    elif random_init:
+        model = random_model(config, device, dtype)
     else:
         from transformers import AutoModelForCausalLM
 

@@ -1,8 +1,10 @@
-"""GPU roles: parse --target-gpus / --drafter-gpus and decide how the work is laid out.
+"""GPU roles: parse --target-gpus / --drafter-gpus and lay the work out over torchrun's ranks.
 
-Modes: "cpu" (both empty), "colocated" (equal lists: each rank runs target and drafter),
-"split" (disjoint lists: target ranks stream features to drafter ranks). Part 1 runs one
-process: the CPU, or one GPU colocated. Part 2 adds torchrun ranks; the roles stay the same.
+Modes: "cpu" (both empty: one process), "colocated" (equal lists: each rank runs the target and
+the drafter), "split" (disjoint lists: target ranks stream features to drafter ranks). One
+process per GPU: a node runs as many ranks as it has distinct GPUs in the two lists, and every
+node has the same layout (torchrun numbers ranks node by node: RANK = node * per_node +
+LOCAL_RANK). `plan_layout` is a pure function of the lists and the world size.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ class Roles:
         return {"target": list(self.target), "drafter": list(self.drafter)}
 
 
-def resolve_roles(target_text: str, drafter_text: str) -> Roles:
-    """Validate the two GPU lists against each other and against this machine."""
+def resolve_roles(target_text: str, drafter_text: str, check_gpus: bool = True) -> Roles:
+    """Validate the two GPU lists against each other and (check_gpus) against this machine."""
     target = parse_gpu_list("--target-gpus", target_text)
     drafter = parse_gpu_list("--drafter-gpus", drafter_text)
     if bool(target) != bool(drafter):
@@ -66,13 +68,14 @@ def resolve_roles(target_text: str, drafter_text: str) -> Roles:
             f"--target-gpus '{target_text}' and --drafter-gpus '{drafter_text}': the lists must "
             "be equal (colocated) or disjoint (split)"
         )
-    require_gpus("--target-gpus", target_text, target)
-    require_gpus("--drafter-gpus", drafter_text, drafter)
-    if len(set(target) | set(drafter)) > 1:
+    if roles.mode == "split" and len(target) > len(drafter):
         raise ConfigError(
-            f"--target-gpus '{target_text}' --drafter-gpus '{drafter_text}': multi-GPU "
-            "split/colocated pipeline is not implemented yet (part 2); use one GPU for both"
+            f"--target-gpus '{target_text}' --drafter-gpus '{drafter_text}': more target than "
+            "drafter GPUs; each target GPU serves at least one drafter GPU"
         )
+    if check_gpus:
+        require_gpus("--target-gpus", target_text, target)
+        require_gpus("--drafter-gpus", drafter_text, drafter)
     return roles
 
 
@@ -91,5 +94,88 @@ def require_gpus(flag: str, text: str, ids: list[int]) -> None:
 
 
 def device_of(ids: list[int]) -> torch.device:
-    """The device of this process for a role (part 1: the first and only GPU, or the CPU)."""
+    """The device of a one-process run: the first and only GPU, or the CPU."""
     return torch.device(f"cuda:{ids[0]}") if ids else torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class Rank:
+    """What one process does: run the target, train the drafter, or both (colocated)."""
+
+    rank: int
+    gpu: int | None  # None: the CPU
+    target: bool
+    drafter: bool
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu") if self.gpu is None else torch.device(f"cuda:{self.gpu}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    mode: str
+    ranks: tuple[Rank, ...]  # by global rank
+    source: dict[int, int]  # drafter rank -> the rank computing its features (itself if colocated)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def drafter_ranks(self) -> list[int]:
+        return [r.rank for r in self.ranks if r.drafter]
+
+    @property
+    def lead(self) -> int:
+        """The first drafter rank: it alone writes status.json, checkpoints and the log."""
+        return self.drafter_ranks[0]
+
+    def served_by(self, rank: int) -> list[int]:
+        """The drafter ranks a target rank sends features to (none when colocated)."""
+        return [d for d, t in self.source.items() if t == rank and d != rank]
+
+    def shard(self, rank: int) -> int:
+        """A drafter rank's data shard: its index among the drafter ranks."""
+        return self.drafter_ranks.index(rank)
+
+
+def plan_layout(roles: Roles, world_size: int, on_cpu: bool = False) -> Layout:
+    """Rank -> role, GPU and feature source; `on_cpu` lays the same ranks out on the CPU (tests).
+
+    Split: on each node the first ranks run the target GPUs in list order, the next ones the
+    drafter GPUs; drafter j of a node gets its features from target j % T of that node.
+    """
+    if roles.mode == "cpu" and world_size > 1:
+        raise ConfigError(
+            f"CPU mode (no --target-gpus / --drafter-gpus) runs one process; this job has "
+            f"{world_size}: start python -m dflash.train without torchrun"
+        )
+    gpus = roles.target if roles.mode == "colocated" else roles.target + roles.drafter
+    per_node = max(1, len(gpus))
+    if world_size % per_node:
+        raise ConfigError(
+            f"--target-gpus '{_text(roles.target)}' --drafter-gpus '{_text(roles.drafter)}' "
+            f"need {per_node} processes per node; this job has {world_size} in all "
+            f"(start it with python -m torch.distributed.run --nproc-per-node {per_node} "
+            "-m dflash.train ...)"
+        )
+    ranks: list[Rank] = []
+    source: dict[int, int] = {}
+    num_targets = len(roles.target)
+    for rank in range(world_size):
+        node, local = divmod(rank, per_node)
+        gpu = None if roles.mode == "cpu" or on_cpu else gpus[local]
+        if roles.mode != "split":
+            ranks.append(Rank(rank, gpu, target=True, drafter=True))
+            source[rank] = rank
+            continue
+        is_target = local < num_targets
+        ranks.append(Rank(rank, gpu, target=is_target, drafter=not is_target))
+        if not is_target:
+            source[rank] = node * per_node + (local - num_targets) % num_targets
+    return Layout(roles.mode, tuple(ranks), source)
+
+
+def _text(ids: list[int]) -> str:
+    return ",".join(map(str, ids))

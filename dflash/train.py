@@ -2,6 +2,10 @@
 
 SIGTERM or SIGINT: the current step finishes, a checkpoint is saved, status.json says
 "stopped", exit 0. On start, training resumes from the newest complete checkpoint.
+
+One process (CPU, one GPU) or one torchrun rank per GPU (`dflash.topology`): the drafter
+ranks agree after every step whether to go on, so all stop after the same step; only the lead
+drafter rank writes status.json, checkpoints and the step lines of the log.
 """
 
 from __future__ import annotations
@@ -15,13 +19,15 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from dflash import checkpoint
-from dflash.data import BatchOrder, Sample, load_jsonl, self_generated
+from dflash.assemble import build_server, build_trainer
+from dflash.cluster import Cluster, torchrun_rank
 from dflash.errors import ConfigError
 from dflash.model import DrafterConfig
 from dflash.options import (
@@ -29,27 +35,30 @@ from dflash.options import (
     add_gen_args,
     add_shape_args,
     add_target_args,
-    build_drafter,
-    drafter_config,
-    fixed_rows,
-    gamma,
     nonneg_float,
     nonneg_int,
     positive_float,
     positive_int,
-    token_budget,
 )
-from dflash.pipeline import LocalFeatureSource
 from dflash.provenance import code_tree_sha256, header_lines, release_name
+from dflash.stages import StageWindow, stage_text
 from dflash.status import StatusFile, utc_now
-from dflash.step import DrafterStep, static_shapes
-from dflash.target import TINY, Target, load_target
-from dflash.topology import Roles, device_of, resolve_roles
+from dflash.topology import Layout, plan_layout, resolve_roles
 from dflash.trainer import Trainer
 
 
 def log(message: str) -> None:
     print(f"{utc_now()} {message}", flush=True)
+
+
+def rank_log(cluster: Cluster) -> Callable[[str], None]:
+    """The lead logs plainly; the first target rank of split mode with its rank in front (its
+    target and data lines); the other ranks keep quiet."""
+    if cluster.rank == cluster.layout.lead:
+        return log
+    if cluster.me.target and cluster.rank == 0:
+        return lambda message: log(f"[rank {cluster.rank}] {message}")
+    return lambda message: None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +74,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--drafter-gpus",
         default="",
         help="GPUs training the drafter; equal to --target-gpus = colocated",
+    )
+    gpus.add_argument(
+        "--prefetch",
+        type=positive_int,
+        default=2,
+        help="split mode: batches a target rank may run ahead of its drafter ranks (default 2)",
+    )
+    gpus.add_argument(
+        "--dist-timeout",
+        type=positive_float,
+        default=1800.0,
+        help="seconds any wait between ranks may take before the job fails, start-up "
+        "(loading, generating data) and compilation included (default 1800)",
+    )
+    gpus.add_argument(  # tests: the ranks of the GPU lists as processes on the CPU (gloo)
+        "--cpu-ranks", action="store_true", help=argparse.SUPPRESS
     )
     add_drafter_args(parser)
     add_shape_args(parser)
@@ -125,30 +150,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="developer flag: sleep this long after each step (a slow release)",
     )
+    run.add_argument(
+        "--target-random-init",
+        action="store_true",
+        help="developer flag: build --target-model's config.json with random weights "
+        "(benchmarks; needs --mask-token-id)",
+    )
     return parser
 
 
-def training_samples(args: argparse.Namespace, target: Target) -> list[Sample]:
-    if args.data:
-        tokenizer = args.tokenizer or (None if args.target_model == TINY else args.target_model)
-        return load_jsonl(Path(args.data), tokenizer, target.config.vocab_size, args.max_seq_len)
-    return self_generated(
-        target,
-        args.gen_samples,
-        args.gen_prompt_len,
-        args.gen_new_tokens,
-        args.seed,
-        "train",
-        max_len=args.max_seq_len,
-    )
-
-
-def resume(trainer: Trainer, folder: Path, cfg: DrafterConfig, status: StatusFile) -> int:
-    """Load the newest complete checkpoint; returns the step training starts from."""
+def resume_plan(folder: Path, cfg: DrafterConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The lead's look at the checkpoint folder: where every rank starts (path, step, data),
+    and the checkpoint itself."""
     found = checkpoint.load_latest(folder, warn=lambda message: log(f"warning: {message}"))
     if found is None:
         log(f"no checkpoint in {folder}: starting at step 0")
-        return 0
+        return {"path": None, "step": 0, "data": None}, {}
     path, payload = found
     saved, now = payload["drafter_config"], cfg.as_dict()
     if saved != now:
@@ -161,7 +178,47 @@ def resume(trainer: Trainer, folder: Path, cfg: DrafterConfig, status: StatusFil
             f"--checkpoint-dir '{folder}': {path.name} is for another drafter ({diff}); "
             "use another --checkpoint-dir or the same settings"
         )
-    if not trainer.load_state_dict(payload["step"], payload):
+    return {"path": str(path), "step": payload["step"], "data": payload["data"]}, payload
+
+
+def shared_plan(
+    cluster: Cluster, plan: Callable[[], dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The lead's `plan()` on every rank; a refusal there stops every rank with its message."""
+    mine: dict[str, Any] | None = None
+    if plan is not None and cluster.rank == cluster.layout.lead:
+        try:
+            mine = plan()
+        except ConfigError as exc:
+            mine = {"error": str(exc)}
+    shared = cluster.share(mine, src=cluster.layout.lead)
+    if "error" in shared:
+        raise ConfigError(shared["error"])
+    return shared
+
+
+def resume(
+    trainer: Trainer,
+    cfg: DrafterConfig,
+    cluster: Cluster,
+    args: argparse.Namespace,
+    status: StatusFile,
+) -> int:
+    """Every drafter rank loads the lead's newest complete checkpoint; returns its step."""
+    lead = cluster.rank == cluster.layout.lead
+    loaded: dict[str, Any] = {}
+
+    def plan() -> dict[str, Any]:
+        where, payload = resume_plan(Path(args.checkpoint_dir), cfg)
+        loaded.update(payload)
+        return where
+
+    where = shared_plan(cluster, plan)
+    if where["path"] is None:
+        return 0
+    path = Path(where["path"])
+    payload = loaded or torch.load(path, map_location="cpu", weights_only=True)
+    if not trainer.load_state_dict(payload["step"], payload) and lead:
         log("warning: the data differ from the checkpoint's; the data order starts over")
     # resumed_from_step: a deploy's health check counts the steps of this run from there.
     status.update(
@@ -169,7 +226,8 @@ def resume(trainer: Trainer, folder: Path, cfg: DrafterConfig, status: StatusFil
         resumed_from_step=trainer.step,
         checkpoint={"path": str(path), "step": trainer.step},
     )
-    log(f"resumed from {path} at step {trainer.step}")
+    if lead:
+        log(f"resumed from {path} at step {trainer.step}")
     return trainer.step
 
 
@@ -193,48 +251,6 @@ def save_checkpoint(
     checkpoint.prune(folder, args.keep_checkpoints)
     status.write(state=state_after, checkpoint={"path": str(path), "step": trainer.step})
     log(f"checkpoint {path}")
-
-
-def build_trainer(args: argparse.Namespace, roles: Roles) -> tuple[Trainer, DrafterConfig]:
-    """Target, drafter, data and optimizer on the devices of this process's roles."""
-    target_device, device = device_of(roles.target), device_of(roles.drafter)
-    on_gpu = device.type == "cuda"
-    if on_gpu:
-        torch.cuda.set_device(device)
-    rows = fixed_rows(args, on_gpu) if static_shapes(device, args.compile_drafter) else None
-    budget = token_budget(args, on_gpu)
-    target = load_target(
-        args.target_model, target_device, args.num_target_layers, args.mask_token_id
-    )
-    cfg = drafter_config(args, target.config, target.mask_token_id)
-    drafter = build_drafter(cfg, target.embed_weight(), target.lm_head_weight(), device, args.seed)
-    trainable = sum(p.numel() for p in drafter.parameters())
-    log(
-        f"target {args.target_model}: {target.config.num_hidden_layers} layers, hidden "
-        f"{cfg.hidden_size}, features from layers {target.layer_ids}, mask id {cfg.mask_token_id}"
-    )
-    log(
-        f"drafter: {cfg.num_layers} layers, {trainable / 1e6:.2f}M trainable parameters, "
-        f"block {cfg.block_size}, {args.num_anchors} anchors, token budget {budget}, "
-        f"compile {args.compile_drafter}"
-    )
-    samples = training_samples(args, target)
-    log(f"data: {len(samples)} samples from {args.data or 'the target (self-generated)'}")
-    order = BatchOrder(
-        samples, budget, pad_to=args.max_seq_len if rows else 8, fixed_rows=rows, seed=args.seed
-    )
-    step_fn = DrafterStep(drafter, gamma(args), args.num_anchors, compile=args.compile_drafter)
-    trainer = Trainer(
-        drafter,
-        LocalFeatureSource(target, order, device),
-        step_fn,
-        lr=args.lr,
-        max_steps=args.max_steps,
-        warmup_ratio=args.warmup_ratio,
-        grad_clip=args.grad_clip,
-        seed=args.seed,
-    )
-    return trainer, cfg
 
 
 class Throughput:
@@ -262,38 +278,78 @@ class Throughput:
         return self.steps[-1][0]
 
 
-def run(args: argparse.Namespace, roles: Roles, status: StatusFile, stop: StopRequest) -> int:
+def train(args: argparse.Namespace, cluster: Cluster, status: StatusFile, stop: StopRequest) -> int:
+    """A drafter rank (the only rank of a one-process run)."""
+    lead = cluster.rank == cluster.layout.lead
     status.write(state="warming")  # loading, generating data, compiling: until the first step
-    trainer, cfg = build_trainer(args, roles)
+    trainer, cfg = build_trainer(args, cluster, rank_log(cluster))
     folder = Path(args.checkpoint_dir)
-    saved_step = resume(trainer, folder, cfg, status)
-    throughput = Throughput()
-    while trainer.step < args.max_steps and not stop.event.is_set():
+    saved_step = resume(trainer, cfg, cluster, args, status)
+    throughput, stages = Throughput(), StageWindow()
+    while True:
+        done = cluster.agree_to_stop(stop.event.is_set() or trainer.step >= args.max_steps)
+        trainer.source.credit(not done)
+        if done:
+            break
         result = trainer.train_step()
-        if not math.isfinite(result.loss):
-            raise FloatingPointError(f"loss is {result.loss} at step {result.step}")
-        tokens_per_s = throughput.add(result.num_tokens)
-        status.update(step=result.step, loss=result.loss, tokens_per_s=round(tokens_per_s, 1))
+        loss, num_tokens = cluster.step_totals(result.loss, result.num_tokens)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss} at step {result.step}")
+        tokens_per_s = throughput.add(num_tokens)
+        stages.add({**result.stages, "step": throughput.last_step_s})
+        if not lead:
+            continue
+        means = stages.means()
+        status.update(
+            step=result.step, loss=loss, tokens_per_s=round(tokens_per_s, 1), stages=means
+        )
         if status.snapshot()["state"] != "running":
             status.write(state="running")  # only now: a real optimizer step is done
-        if result.step % args.log_every == 0 or len(throughput.steps) == 1:
+        if result.step % args.log_every == 0 or throughput.count == 1:
             log(
-                f"step {result.step} loss {result.loss:.4f} tokens/s {tokens_per_s:.0f} "
-                f"lr {result.lr:.3e} step_s {throughput.last_step_s:.3f}"
+                f"step {result.step} loss {loss:.4f} tokens/s {tokens_per_s:.0f} "
+                f"lr {result.lr:.3e} step_s {throughput.last_step_s:.3f} | {stage_text(means)}"
             )
         if result.step % args.checkpoint_every == 0:
             save_checkpoint(trainer, folder, cfg, args, status, "running")
             saved_step = trainer.step
         if args.sleep_per_step:
             stop.event.wait(args.sleep_per_step)
-
-    reason = stop.reason or f"--max-steps {args.max_steps} reached"
+    trainer.source.close()
+    if not lead:
+        return 0
+    reason = stop.reason or (
+        f"--max-steps {args.max_steps} reached"
+        if trainer.step >= args.max_steps
+        else "another rank was asked to stop"
+    )
     if trainer.step != saved_step:
         save_checkpoint(trainer, folder, cfg, args, status, "stopped")
     else:
         status.write(state="stopped")
     log(f"stopped at step {trainer.step}: {reason}")
     return 0
+
+
+def serve(args: argparse.Namespace, cluster: Cluster) -> int:
+    """A target rank of split mode: features for its drafter ranks until they stop."""
+    say = rank_log(cluster)
+    server = build_server(args, cluster, say)
+    plan = shared_plan(cluster)  # the lead decides where to start; target ranks follow
+    if plan["data"] is not None and not server.order.load_state_dict(plan["data"]):
+        say("warning: the data differ from the checkpoint's; the data order starts over")
+    steps = server.run()
+    say(f"served {steps} steps to drafter ranks {server.drafters}")
+    return 0
+
+
+def describe(layout: Layout) -> str:
+    """`2 (0: target cuda:0, 1: drafter cuda:1)` for the log header."""
+    roles = []
+    for r in layout.ranks:
+        role = "target+drafter" if r.target and r.drafter else "target" if r.target else "drafter"
+        roles.append(f"{r.rank}: {role} {r.device}")
+    return f"{layout.world_size} ({', '.join(roles)})"
 
 
 class StopRequest:
@@ -313,20 +369,33 @@ class StopRequest:
 def main(argv: list[str] | None = None) -> int:
     code_tree_sha256()  # hash the code first: that is the code this process holds
     args = build_parser().parse_args(argv)
-    status = StatusFile(Path(args.status_file), args.run_id, args.status_interval)
+    rank, world_size = torchrun_rank()
+    # Until the layout names the lead, rank 0 reports (a bad flag fails every rank alike).
+    status = StatusFile(
+        Path(args.status_file), args.run_id, args.status_interval, enabled=rank == 0
+    )
     stop = StopRequest()
     try:
-        roles = resolve_roles(args.target_gpus, args.drafter_gpus)
+        roles = resolve_roles(args.target_gpus, args.drafter_gpus, check_gpus=not args.cpu_ranks)
+        layout = plan_layout(roles, world_size, on_cpu=args.cpu_ranks)
+        status.enabled = rank == layout.lead
         status.write(state="starting", gpus=roles.as_dict())
         status.start_heartbeat()
-        for line in header_lines(args.run_id, roles.as_dict(), {"mode": roles.mode}):
-            log(line)
-        return run(args, roles, status, stop)
+        if status.enabled:
+            extra = {"mode": roles.mode, "ranks": describe(layout)}
+            for line in header_lines(args.run_id, roles.as_dict(), extra):
+                log(line)
+        cluster = Cluster(layout, rank, args.dist_timeout)
+        code = train(args, cluster, status, stop) if cluster.me.drafter else serve(args, cluster)
+        cluster.close()
+        return code
     except ConfigError as exc:
-        log(f"error: {exc}")
+        log(f"{'' if status.enabled else f'[rank {rank}] '}error: {exc}")
         status.write(state="failed", error=str(exc))
         return 2
     except Exception as exc:
+        if not status.enabled:
+            log(f"[rank {rank}] failed:")
         traceback.print_exc(file=sys.stdout)
         status.write(state="failed", error=f"{type(exc).__name__}: {exc}")
         return 1

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from dflash.model import Drafter
 from dflash.pipeline import FeatureSource
+from dflash.stages import Clock
 from dflash.step import DrafterStep
 
 
@@ -28,6 +29,7 @@ class StepResult:
     loss: float
     lr: float
     num_tokens: int
+    stages: dict[str, float] = field(default_factory=dict)  # seconds of this step, by stage
 
 
 class Trainer:
@@ -60,6 +62,7 @@ class Trainer:
             weight_decay=0.0,
             fused=step_fn.on_gpu,
         )
+        self.clock = Clock(step_fn.device)
         self.step = 0
         self.tokens = 0
 
@@ -68,15 +71,26 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         batch = self.source.next()
+        ready = self.clock.mark()
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
         loss = self.step_fn.loss(batch, generator)
+        forward = self.clock.mark()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        backward = self.clock.mark()
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.grad_clip)
         self.optimizer.step()
+        done = self.clock.mark()
+        value = loss.item()  # synchronises: every mark of the step can be read now
         self.step += 1
         self.tokens += batch.num_tokens
-        return StepResult(self.step, loss.item(), lr, batch.num_tokens)
+        stages = {
+            **batch.timings.resolve(),
+            "drafter_forward": Clock.seconds(ready, forward),
+            "drafter_backward": Clock.seconds(forward, backward),
+            "optimizer": Clock.seconds(backward, done),
+        }
+        return StepResult(self.step, value, lr, batch.num_tokens, stages)
 
     def state_dict(self) -> dict[str, Any]:
         return {

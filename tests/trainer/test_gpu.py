@@ -1,4 +1,5 @@
-"""GPU checks: flex_attention agrees with the CPU path; a GPU run trains, warms up, evaluates."""
+"""GPU checks: flex_attention agrees with the CPU path; a GPU run trains, warms up, evaluates;
+split and colocated runs over two GPUs (NCCL) train the same drafter."""
 
 from __future__ import annotations
 
@@ -8,24 +9,19 @@ import os
 import pytest
 import torch
 
-from dflash.errors import ConfigError
 from dflash.mask import blockwise_dense_mask, flex_block_mask
 from dflash.model import Drafter, DrafterConfig
 from dflash.objective import block_inputs
-from dflash.topology import resolve_roles
 
-from .conftest import argv, cli_env, run_module
+from .conftest import argv, cli_env, log_losses, run_module
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 SHAPE = argv("--drafter-layers 2 --max-seq-len 64 --token-budget 256 --num-anchors 32")
-SMALL_GPU_RUN = [
-    *argv("--target-model tiny --target-gpus 0 --drafter-gpus 0"),
-    *argv("--gen-samples 64 --log-every 1"),
-    *SHAPE,
-]
+GPU_RUN = [*argv("--target-model tiny --gen-samples 64 --log-every 1"), *SHAPE]
+SMALL_GPU_RUN = [*argv("--target-gpus 0 --drafter-gpus 0"), *GPU_RUN]
 
 
 def random_drafter(device: torch.device) -> Drafter:
@@ -137,10 +133,40 @@ def test_warmup_then_a_compiled_run(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_more_than_one_gpu_is_refused_in_part_1():
-    if torch.cuda.device_count() < 2:
-        with pytest.raises(ConfigError, match="does not exist"):
-            resolve_roles("0", "1")
-    else:
-        with pytest.raises(ConfigError, match=r"not implemented yet \(part 2\)"):
-            resolve_roles("0", "1")
+def torchrun_gpus(tmp_path, name: str, target: str, drafter: str, *extra: str):
+    """torchrun with one process per distinct GPU, as run.sh starts it."""
+    nproc = len(set(target.split(",")) | set(drafter.split(",")))
+    files = ["--checkpoint-dir", str(tmp_path / name), "--status-file", str(tmp_path / name / "s")]
+    return run_module(
+        "torch.distributed.run",
+        *argv(f"--standalone --nproc-per-node {nproc} -m dflash.train"),
+        *argv(f"--target-gpus {target} --drafter-gpus {drafter}"),
+        *GPU_RUN,
+        *extra,
+        *files,
+        cwd=tmp_path,
+        timeout=600,
+    )
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_split_over_two_gpus_trains_like_colocated(tmp_path):
+    steps = ["--max-steps", "6"]
+    split = torchrun_gpus(tmp_path, "split", "0", "1", *steps)
+    assert split.returncode == 0, split.stdout + split.stderr
+    colocated = torchrun_gpus(tmp_path, "one", "0", "0", *steps)
+    assert colocated.returncode == 0, colocated.stdout + colocated.stderr
+    mine, theirs = log_losses(split.stdout), log_losses(colocated.stdout)
+    assert sorted(mine) == list(range(1, 7))
+    assert mine == pytest.approx(theirs, rel=1e-3, abs=1e-3)
+    status = json.loads((tmp_path / "split" / "s").read_text())
+    assert status["state"] == "stopped" and status["gpus"] == {"target": [0], "drafter": [1]}
+    assert all(status["stages"][k] is not None for k in ("target_forward", "transfer"))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_colocated_on_two_gpus_is_data_parallel(tmp_path):
+    result = torchrun_gpus(tmp_path, "dp", "0,1", "0,1", "--max-steps", "3", "--compile-drafter")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 drafter rank(s)" in result.stdout
+    assert json.loads((tmp_path / "dp" / "s").read_text())["step"] == 3

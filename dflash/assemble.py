@@ -1,0 +1,171 @@
+"""What a rank runs, built from the flags: a target server, or a trainer with its feature source.
+
+One process: the target runs beside the drafter (CPU, or one GPU). Colocated ranks do the same
+on their GPU, each on its own data shard, the drafter data-parallel. Split mode: target ranks
+build a `FeatureServer`; drafter ranks receive the frozen embedding / lm_head and the feature
+stream from their target rank and never load the target's weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch.nn.parallel import DistributedDataParallel
+
+from dflash.cluster import Cluster
+from dflash.data import BatchOrder, Sample, ShardedOrder, load_jsonl, self_generated
+from dflash.model import DrafterConfig
+from dflash.options import build_drafter, drafter_config, fixed_rows, gamma, token_budget
+from dflash.pipeline import FeatureSource, LocalFeatureSource, RemoteFeatureSource
+from dflash.server import FeatureServer
+from dflash.step import DrafterStep, static_shapes
+from dflash.target import TINY, Target, load_target, load_target_config
+from dflash.trainer import Trainer
+from dflash.transport import FeatureReceiver, WireShape, recv_frozen, send_frozen
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StepShape:
+    static: bool  # fixed rows, length and anchor count (compiled code, or several processes)
+    rows: int | None  # rows per batch when static
+    budget: int  # padded tokens per batch
+
+
+def step_shape(args: argparse.Namespace, cluster: Cluster) -> StepShape:
+    """Static on a GPU, with --compile-drafter, and whenever features travel between ranks."""
+    on_gpu = cluster.me.device.type == "cuda"
+    static = static_shapes(cluster.me.device, args.compile_drafter) or args.cpu_ranks
+    rows = fixed_rows(args, on_gpu) if static else None
+    return StepShape(static, rows, token_budget(args, on_gpu))
+
+
+def training_samples(args: argparse.Namespace, target: Target) -> list[Sample]:
+    if args.data:
+        tokenizer = args.tokenizer or (None if args.target_model == TINY else args.target_model)
+        return load_jsonl(Path(args.data), tokenizer, target.config.vocab_size, args.max_seq_len)
+    return self_generated(
+        target,
+        args.gen_samples,
+        args.gen_prompt_len,
+        args.gen_new_tokens,
+        args.seed,
+        "train",
+        max_len=args.max_seq_len,
+    )
+
+
+def target_and_data(
+    args: argparse.Namespace, cluster: Cluster, shape: StepShape, log: Log
+) -> tuple[Target, ShardedOrder]:
+    """The frozen target on this rank's device and the global data order (same on all ranks:
+    every target rank reads or generates the same samples from --seed)."""
+    target = load_target(
+        args.target_model,
+        cluster.me.device,
+        args.num_target_layers,
+        args.mask_token_id,
+        random_init=args.target_random_init,
+    )
+    log(
+        f"target {args.target_model}: {target.config.num_hidden_layers} layers, hidden "
+        f"{target.config.hidden_size}, features from layers {target.layer_ids}, "
+        f"mask id {target.mask_token_id}"
+    )
+    samples = training_samples(args, target)
+    log(f"data: {len(samples)} samples from {args.data or 'the target (self-generated)'}")
+    order = BatchOrder(
+        samples,
+        shape.budget,
+        pad_to=args.max_seq_len if shape.rows else 8,
+        fixed_rows=shape.rows,
+        seed=args.seed,
+    )
+    return target, ShardedOrder(order, cluster.num_drafters)
+
+
+def build_server(args: argparse.Namespace, cluster: Cluster, log: Log) -> FeatureServer:
+    """A target rank of split mode: load, hand the frozen weights to the drafters it serves."""
+    shape = step_shape(args, cluster)
+    target, order = target_and_data(args, cluster, shape, log)
+    drafters = cluster.layout.served_by(cluster.rank)
+    frozen = {"embed": target.embed_weight(), "lm_head": target.lm_head_weight()}
+    for rank in drafters:
+        send_frozen(frozen, target.mask_token_id, rank, cluster.control)
+    shards = [cluster.layout.shard(rank) for rank in drafters]
+    return FeatureServer(target, order, drafters, shards, args.prefetch, cluster.control)
+
+
+def build_trainer(
+    args: argparse.Namespace, cluster: Cluster, log: Log
+) -> tuple[Trainer, DrafterConfig]:
+    """A drafter rank: its feature source, the drafter (data-parallel over drafter ranks) and
+    the optimizer."""
+    device = cluster.me.device
+    shape = step_shape(args, cluster)
+    source: FeatureSource
+    if cluster.me.target:
+        target, order = target_and_data(args, cluster, shape, log)
+        target_config, mask_token_id = target.config, target.mask_token_id
+        embed, lm_head = target.embed_weight(), target.lm_head_weight()
+        source = LocalFeatureSource(target, order, cluster.layout.shard(cluster.rank), device)
+    else:
+        target_config = load_target_config(args.target_model)
+        src = cluster.layout.source[cluster.rank]
+        frozen, mask_token_id = recv_frozen(src, device, cluster.control)
+        embed, lm_head = frozen["embed"], frozen["lm_head"]
+        assert shape.rows is not None  # split mode is static
+        wire = WireShape(
+            shape.rows,
+            args.max_seq_len,
+            args.num_target_layers * target_config.hidden_size,
+            embed.dtype,
+        )
+        source = RemoteFeatureSource(
+            lambda: FeatureReceiver(src, wire, device, args.prefetch, cluster.control), device
+        )
+    cfg = drafter_config(args, target_config, mask_token_id)
+    drafter = build_drafter(cfg, embed, lm_head, device, args.seed)
+    module = None
+    if cluster.num_drafters > 1:
+        with warnings.catch_warnings():
+            # torch 2.13 deprecates broadcast_buffers for forward_sync_buffers, which older
+            # torch lacks; both mean: never re-broadcast the frozen weights every step.
+            warnings.filterwarnings("ignore", "`broadcast_buffers` is deprecated")
+            module = DistributedDataParallel(
+                drafter,
+                device_ids=[device] if device.type == "cuda" else None,
+                process_group=cluster.drafters,
+                broadcast_buffers=False,
+                gradient_as_bucket_view=True,
+            )
+    trainable = sum(p.numel() for p in drafter.parameters())
+    log(
+        f"drafter: {cfg.num_layers} layers, {trainable / 1e6:.2f}M trainable parameters, "
+        f"block {cfg.block_size}, {args.num_anchors} anchors, token budget {shape.budget}, "
+        f"compile {args.compile_drafter}, {cluster.num_drafters} drafter rank(s)"
+    )
+    step_fn = DrafterStep(
+        drafter,
+        gamma(args),
+        args.num_anchors,
+        compile=args.compile_drafter,
+        static=shape.static,
+        module=module,
+    )
+    trainer = Trainer(
+        drafter,
+        source,
+        step_fn,
+        lr=args.lr,
+        max_steps=args.max_steps,
+        warmup_ratio=args.warmup_ratio,
+        grad_clip=args.grad_clip,
+        seed=args.seed,
+    )
+    return trainer, cfg
