@@ -33,8 +33,9 @@ def test_slow_release_is_rolled_back_by_the_throughput_gate(
     # v2: a changed file, and a trainer flag that sleeps 2 s after every step.
     add_release(trainer_repo, "v2", "dflash/__init__.py", "\n# v2\n")
     slow = deploy(
-        "v2", dflash_keep_releases=1, dflash_trainer_args=dict(TRAINER_ARGS, sleep_per_step=2.0)
-    )
+        "v2", dflash_keep_releases=1, dflash_trainer_args=dict(TRAINER_ARGS, sleep_per_step=2.0),
+        dflash_min_throughput_ratio=0.5,
+    )  # fmt: skip
     assert slow.rc != 0
     flat = " ".join(slow.output.split())
     assert "Release v2 failed its health check" in flat
