@@ -1,13 +1,14 @@
-"""Deploy and verify over pct on the loopback Proxmox test bed, for 1, 2 and 4 containers.
+"""Deploy over pct on the loopback Proxmox test bed, for 1, 2 and 4 containers.
 
     .venv/bin/python bench/deploy_pct.py [--runs 5] [--containers 1 2 4]
 
 Per container count: cold deploy (fresh state root, the torch env pre-seeded by hard links so
-the env build is not what is timed), no-op deploy and verify.yml, each the median of --runs,
+the env build is not what is timed) and no-op deploy, each the median of --runs,
 and the number of `pct exec` calls per host read from the pct double's trace. Then the same
 cold deploy with a dflash/ of 10x more files, to show that the calls do not grow with the file
 count. The baseline measured in the same run is `ansible -m ping` of all the containers.
 The trainer is not launched (dflash_launch=false): its CPU start would dominate.
+verify.yml and the deployed-state suite have their own benchmark: bench/verify_pct.py.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def main() -> None:
             sources = {1: source_with_files(tmp, 1), 10: source_with_files(tmp, 10)}
             for count in args.containers:
                 vmids = bed.vmids[:count]
-                times: dict[str, list[float]] = {"ping": [], "cold": [], "noop": [], "verify": []}
+                times: dict[str, list[float]] = {"ping": [], "cold": [], "noop": []}
                 calls: list[int] = []
                 for run in range(args.runs):
                     root = f"/opt/dflash-bench-{count}-{run}"
@@ -98,8 +99,7 @@ def main() -> None:
                         vmids=vmids,
                         group_vars={"dflash_lock": lock, "dflash_root": root},
                     )
-                    extra = {"dflash_launch": False, "dflash_source_dir": str(sources[1]),
-                             "dflash_verify_json": str(tmp / "verify.json")}  # fmt: skip
+                    extra = {"dflash_launch": False, "dflash_source_dir": str(sources[1])}
                     ping = [str(ANSIBLE_PLAYBOOK).replace("ansible-playbook", "ansible"),
                             "-i", str(inv), "all", "-m", "ansible.builtin.ping"]  # fmt: skip
                     times["ping"].append(timed(ping))
@@ -107,7 +107,6 @@ def main() -> None:
                     times["cold"].append(timed(playbook_command("deploy.yml", extra, inv)))
                     calls.append(max(bed.pct_exec_counts(mark).values()))
                     times["noop"].append(timed(playbook_command("deploy.yml", extra, inv)))
-                    times["verify"].append(timed(playbook_command("verify.yml", extra, inv)))
                     print(f"{count} container(s): run {run + 1}/{args.runs}", file=sys.stderr)
                 rows.append((count, times, statistics.median(calls)))
             # The same cold deploy with 10x more files: the pct exec calls must not grow.
@@ -131,13 +130,12 @@ def main() -> None:
                 file_calls[factor] = (n_files, bed.pct_exec_counts(mark)[bed.vmids[0]])
     finally:
         bed.down()
-    print(f"{'containers':>10} {'ping s':>7} {'cold s':>7} {'no-op s':>8} {'verify s':>9} "
-          f"{'cold/ping':>9} {'verify/host s':>13} {'pct exec/host':>13}")  # fmt: skip
+    print(f"{'containers':>10} {'ping s':>7} {'cold s':>7} {'no-op s':>8} {'cold/ping':>9} "
+          f"{'pct exec/host':>13}")  # fmt: skip
     for count, times, calls in rows:
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"{count:>10} {med['ping']:>7.2f} {med['cold']:>7.2f} {med['noop']:>8.2f} "
-              f"{med['verify']:>9.2f} {med['cold'] / med['ping']:>9.2f} "
-              f"{med['verify'] / count:>13.2f} {calls:>13.0f}")  # fmt: skip
+              f"{med['cold'] / med['ping']:>9.2f} {calls:>13.0f}")  # fmt: skip
     for factor, (n_files, calls) in file_calls.items():
         print(f"dflash/ with {n_files} files (x{factor}): {calls} pct exec calls in a cold deploy")
 

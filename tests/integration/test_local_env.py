@@ -115,6 +115,16 @@ def test_hand_changed_package_is_named_and_rebuilt(deploy, wheelhouse, target_ro
     )
     assert envs_of(target_root)[env] == "1.1"
 
+    # --check --diff: the env as installed against its lock; nothing is rebuilt.
+    dry = deploy(lock, _check=True)
+    assert dry.rc == 0 and dry.changed() > 0, dry.output
+    env_dir = target_root / "envs" / env
+    assert f"--- before: {env_dir} (as installed)" in dry.output
+    assert f"+++ after: {env_dir} (the lock)" in dry.output
+    assert f"-{PKG}==1.1\n+{PKG}==1.0\n" in dry.output
+    assert f"{PKG} 1.1 -> 1.0): would be built again" in " ".join(dry.output.split())
+    assert envs_of(target_root)[env] == "1.1"
+
     run = deploy(lock)
     assert run.rc == 0, run.output
     assert PKG in run.output and "'expected': '1.0'" in run.output.replace('"', "'")

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 import time
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 from tests.helpers import REPO, playbook_command, playbook_env
@@ -24,7 +25,7 @@ def history_of(root: Path) -> list[dict]:
     return [json.loads(line) for line in (root / "history.jsonl").read_text().splitlines()]
 
 
-def test_deploy_redeploy_drift_and_rollback(source_repo, playbook, target_root):
+def test_deploy_redeploy_drift_and_rollback(source_repo, playbook, target_root, tmp_path):
     source_repo("v1", V1)
     repo = source_repo("v2", V2)
 
@@ -56,6 +57,12 @@ def test_deploy_redeploy_drift_and_rollback(source_repo, playbook, target_root):
         ("code", "dflash/train.py", "changed")
     ]
     assert "dflash/train.py" in drift.output
+    # The JUnit report next to the JSON one: the host fails, naming the finding.
+    junit = ElementTree.parse(tmp_path / "reports" / "verify.junit.xml").getroot()
+    assert (junit.get("tests"), junit.get("failures"), junit.get("errors")) == ("1", "1", "0")
+    [failure] = junit.iter("failure")
+    assert failure.get("message") == "1 finding(s): code"
+    assert "code dflash/train.py: expected content as in the manifest" in failure.text
 
     back = playbook("rollback.yml", dflash_source_dir=str(repo))
     assert back.rc == 0, back.output

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 from pathlib import Path
 
@@ -265,6 +266,11 @@ def test_real_trainer_healthy_then_each_drift_named(bed, pct_playbook, trainer_r
         [item] = found[host_b]["heartbeat_stale"]
         assert item["pid"] == frozen and "within 3 s" in item["expected"]
         assert "last update" in item["found"]
+        # The JUnit report next to the JSON one: one failing test case per drifted host.
+        junit = ElementTree.parse(tmp_path / "verify.junit.xml").getroot()
+        assert {
+            case.get("name"): case.find("failure").get("message") for case in junit.iter("testcase")
+        } == {host_a: "1 finding(s): environment", host_b: "2 finding(s): heartbeat_stale, cache"}
         # The deployed-state suite fails on the same drifts, naming host and package / cache.
         assert suite.rc != 0
         assert set(suite.failed) == {
