@@ -14,11 +14,22 @@ import yaml
 
 from tests.helpers import REPO, PlaybookRun, run_playbook
 
-# ansible-core 2.19, imported in-process by some tests, replaces sys.intern; torch._dynamo
-# (imported by the trainer) refuses to load after that. Loading it first keeps one pytest run
-# able to hold both.
-with contextlib.suppress(ImportError):
-    import torch._dynamo  # noqa: F401
+DEPLOYED_SUITE = Path(__file__).resolve().parent / "deployed"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # ansible-core 2.19, imported in-process by some tests, replaces sys.intern; torch._dynamo
+    # (imported by the trainer) refuses to load after that. Loading it first (before any test
+    # module is collected) keeps one pytest run able to hold both. The deployed-state suite run
+    # on its own (`pytest tests/deployed --inventory FILE`, a user's CI) needs no torch: it is
+    # spared the ~3 s import.
+    paths = [
+        (config.invocation_params.dir / str(arg).split("::")[0]).resolve() for arg in config.args
+    ]
+    if paths and all(p == DEPLOYED_SUITE or DEPLOYED_SUITE in p.parents for p in paths):
+        return
+    with contextlib.suppress(ImportError):
+        import torch._dynamo  # noqa: F401
 
 
 @pytest.fixture
