@@ -11,9 +11,19 @@ host, and the `pct exec` calls per host of one verify (from the pct double's tra
 `pytest tests/deployed --inventory FILE` against --suite-containers containers. Goals: verify
 under 3 s per host, the suite under 10 s.
 
-Measured on the 2-core development machine (other jobs were running on it, so the absolute
-numbers carry noise; the ratio to ping is the steadier figure):
-{table}
+`.venv/bin/python bench/verify_pct.py --runs 5` on the 2-core development machine, idle
+(2026-11-30, after the reports moved into the role's action plugin):
+
+    containers  ping s  verify s verify/ping verify/host s pct exec/host
+             1    1.66      2.14        1.29          2.14             6
+             2    1.55      2.11        1.37          1.06             6
+             4    1.80      2.64        1.47          0.66             6
+    verify per host: worst 2.14 s (goal < 3 s: met)
+    deployed-state suite on 2 containers: median 3.15 s, min 3.01, max 3.30 (goal < 10 s: met)
+
+Before (reports written by file + copy + template, three module runs on the controller; the
+suite importing torch through tests/conftest.py), with other jobs loading the machine (load 5):
+verify 7.62 / 8.17 / 8.35 s for 1 / 2 / 4 containers (2.5-2.7x ping), suite 11.64 s.
 """
 
 from __future__ import annotations
