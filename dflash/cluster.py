@@ -34,15 +34,17 @@ class Cluster:
         self.control: Any = None
         self.drafters: Any = None
         self.drafters_control: Any = None
-        if not self.distributed:
-            return
-        timeout = timedelta(seconds=timeout_s)
         device = self.me.device
         if device.type == "cuda":
             torch.cuda.set_device(device)
-            dist.init_process_group("nccl", timeout=timeout, device_id=device)
-        else:
-            dist.init_process_group("gloo", timeout=timeout)
+        if not self.distributed:
+            return
+        timeout = timedelta(seconds=timeout_s)
+        # No device_id: with an eagerly initialised NCCL group, new_group makes the ranks
+        # outside a subgroup join an ncclCommSplit at once while its members split only at
+        # first use, and split mode (target ranks outside the drafter group) deadlocked at
+        # start on two H200s. Lazily, each communicator forms at its first operation.
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout)
         # new_group is collective: every rank creates every group, in the same order.
         self.control = dist.new_group(backend="gloo", timeout=timeout)
         self.drafters = dist.new_group(layout.drafter_ranks, timeout=timeout)
