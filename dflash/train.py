@@ -160,12 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resume_plan(folder: Path, cfg: DrafterConfig) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The lead's look at the checkpoint folder: where every rank starts (path, step, data),
-    and the checkpoint itself."""
+    """The lead's look at the checkpoint folder: where every rank starts (the checkpoint's path
+    and data order), and the checkpoint itself."""
     found = checkpoint.load_latest(folder, warn=lambda message: log(f"warning: {message}"))
     if found is None:
         log(f"no checkpoint in {folder}: starting at step 0")
-        return {"path": None, "step": 0, "data": None}, {}
+        return {"path": None, "data": None}, {}
     path, payload = found
     saved, now = payload["drafter_config"], cfg.as_dict()
     if saved != now:
@@ -178,7 +178,7 @@ def resume_plan(folder: Path, cfg: DrafterConfig) -> tuple[dict[str, Any], dict[
             f"--checkpoint-dir '{folder}': {path.name} is for another drafter ({diff}); "
             "use another --checkpoint-dir or the same settings"
         )
-    return {"path": str(path), "step": payload["step"], "data": payload["data"]}, payload
+    return {"path": str(path), "data": payload["data"]}, payload
 
 
 def shared_plan(

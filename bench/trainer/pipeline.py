@@ -32,6 +32,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -210,7 +211,9 @@ def analyse(result: dict[str, Any], drafter_flops: float, target_fwd: float, pea
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("bench-pipeline"))
+    parser.add_argument(
+        "--out", type=Path, default=Path(tempfile.gettempdir()) / "dflash-bench-pipeline"
+    )
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--deadline", type=float, default=3600.0, help="seconds for all runs")
     parser.add_argument("--samples", type=int, default=48)
@@ -218,6 +221,8 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200)")
     args = parser.parse_args()
     out = args.out.resolve()
+    if out.exists() and any(out.iterdir()):
+        sys.exit(f"--out {out}: not empty (its compile cache would make the cold run warm)")
     out.mkdir(parents=True, exist_ok=True)
     target, data, config = prepare(out, args.samples)
 
