@@ -109,10 +109,10 @@ def trainer_findings(facts: dict, heartbeat_max_age: float) -> list[dict]:
     tree = ((facts.get("current") or {}).get("manifest") or {}).get("tree_sha256")
     deployment = facts.get("deployment") or {}
     processes = (facts.get("trainers") or {}).get("processes") or []
-    # One trainer is one process group (torchrun and its workers share it).
+    # One trainer is one job: torchrun and its workers (each in its own session) together.
     groups: dict[int, list[dict]] = {}
     for proc in processes:
-        groups.setdefault(proc["pgid"], []).append(proc)
+        groups.setdefault(proc.get("job", proc["pgid"]), []).append(proc)
     out = []
     if not groups and deployment.get("result") == "healthy":
         out.append(

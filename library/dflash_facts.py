@@ -84,7 +84,8 @@ deployment:
 trainers:
   description:
     - C(record) (trainer.json) and C(processes), every trainer process of the root with pid,
-      pgid, start time, command line, run id, release it runs from, cache dir, its run's
+      pgid, job (the pid of its topmost trainer ancestor, torchrun's for its workers), start
+      time, command line, run id, release it runs from, cache dir, its run's
       status.json and the heartbeat age in seconds.
   type: dict
   returned: always
@@ -172,7 +173,8 @@ def trainers(root: str) -> dict:
         cwd = proc["cwd"]
         releases = os.path.join(os.path.realpath(root), RELEASES) + os.sep
         processes.append({
-            "pid": proc["pid"], "pgid": proc["pgid"], "cmdline": proc["cmdline"],
+            "pid": proc["pid"], "pgid": proc["pgid"], "job": proc["job"],
+            "cmdline": proc["cmdline"],
             "run_id": proc["run_id"], "cache_dir": proc["cache_dir"], "cwd": cwd,
             "release": cwd[len(releases):].split(os.sep)[0] if cwd.startswith(releases) else None,
             "started_at": datetime.fromtimestamp(booted + proc["start_ticks"] / ticks,

@@ -112,7 +112,7 @@ import time
 from datetime import UTC, datetime
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_procs import ROOT_MARKER, alive, find_trainers, stop_all
+from ansible.module_utils.dflash_procs import ROOT_MARKER, alive, find_trainers, jobs, stop_all
 from ansible.module_utils.dflash_release import file_drift
 from ansible.module_utils.dflash_state import (
     RELEASES,
@@ -147,9 +147,10 @@ def log_tail(path: str) -> str:
 def running_matches(
     root: str, trainers: list[dict], tree: str, run_sh_sha: str | None
 ) -> dict | None:
-    """The status of the one running trainer when it already runs what is deployed."""
+    """The status of the one running trainer when it already runs what is deployed (one job:
+    torchrun's workers belong to the process run.sh became)."""
     record = read_json(os.path.join(root, TRAINER_FILE))
-    if not record or len(trainers) != 1 or trainers[0]["pid"] != record.get("pid"):
+    if not record or jobs(trainers) != [record.get("pid")]:
         return None
     status = read_json(os.path.join(root, RUNS, record["run_id"], "status.json")) or {}
     if (

@@ -46,6 +46,7 @@ def process_info(pid: int) -> dict | None:
         cwd = ""
     return {
         "pid": pid,
+        "ppid": int(fields[1]),
         "pgid": int(fields[2]),
         "start_ticks": int(fields[19]),
         "cmdline": (_read(f"/proc/{pid}/cmdline") or b"").replace(b"\0", b" ").decode(
@@ -76,7 +77,25 @@ def find_trainers(root: str) -> list[dict]:
             info["run_id"] = environ.get(b"DFLASH_RUN_ID", b"").decode() or None
             info["cache_dir"] = environ.get(b"TORCHINDUCTOR_CACHE_DIR", b"").decode() or None
             found.append(info)
-    return sorted(found, key=lambda item: item["pid"])
+    return with_jobs(sorted(found, key=lambda item: item["pid"]))
+
+
+def with_jobs(trainers: list[dict]) -> list[dict]:
+    """Mark each process with its job: the pid of its topmost trainer ancestor. One trainer is
+    one job, torchrun and its workers together (torchrun gives each worker its own session)."""
+    parent = {info["pid"]: info["ppid"] for info in trainers}
+    for info in trainers:
+        job, seen = info["pid"], set()
+        while parent.get(job) in parent and job not in seen:
+            seen.add(job)
+            job = parent[job]
+        info["job"] = job
+    return trainers
+
+
+def jobs(trainers: list[dict]) -> list[int]:
+    """The distinct trainers (their top process's pid)."""
+    return sorted({info["job"] for info in trainers})
 
 
 def alive(info: dict) -> bool:

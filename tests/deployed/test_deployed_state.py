@@ -81,13 +81,14 @@ def deployment(state: Target) -> dict:
 
 
 def trainer_groups(state: Target) -> list[list[dict]]:
-    """The trainer processes of the root, one list per process group (torchrun and its
-    workers share one), leader first. A staged deploy (dflash_launch: false) expects none."""
+    """The trainer processes of the root, one list per trainer job (torchrun and its workers,
+    each in its own session, are one), leader first. A staged deploy (dflash_launch: false)
+    expects none."""
     if (state.facts["deployment"] or {}).get("result") == "deployed":
         pytest.skip(f"{state.name}: deployed with dflash_launch: false, no trainer expected")
     groups: dict[int, list[dict]] = {}
     for proc in state.facts["trainers"]["processes"]:
-        groups.setdefault(proc["pgid"], []).append(proc)
+        groups.setdefault(proc["job"], []).append(proc)
     leaders_first = (sorted(group, key=lambda p: p["pid"]) for group in groups.values())
     return sorted(leaders_first, key=lambda group: group[0]["pid"])
 
