@@ -16,9 +16,6 @@ from tests.deployed.state import REPO
 from tests.deployed.suite_run import TRAINER_TESTS, run_suite
 from tests.integration.conftest import alive, deploy  # noqa: F401
 
-# Generous: the suite takes a few seconds here; per-command round trips would take minutes.
-SUITE_MAX_S = 60
-
 pytestmark = [pytest.mark.selftest, pytest.mark.slow]
 
 
@@ -47,7 +44,6 @@ def test_suite_passes_on_a_clean_deploy_and_names_each_drift(
     # Every check ran (none skipped as for a staged deploy); only this self-test stood aside.
     assert clean.skipped == {request.node.originalname}, clean.output
     assert clean.passed >= TRAINER_TESTS, clean.output
-    assert clean.seconds < SUITE_MAX_S, f"the suite took {clean.seconds:.1f} s"
     print(f"deployed-state suite on the local target: {clean.seconds:.1f} s")
 
     # A hot fix in a deployed file and a hand edit of run.sh, at once.

@@ -4,78 +4,16 @@ containers reached through community.proxmox.proxmox_pct_remote; only the invent
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Callable
-from pathlib import Path
-
-import pytest
 
 from tests.deployed.suite_run import TRAINER_TESTS, run_suite
-from tests.helpers import PlaybookRun, run_playbook
+from tests.helpers import PlaybookRun
 from tests.integration.conftest import add_release
 from tests.testbed.bed import Testbed
 
-SEED_ROOT = "/opt/dflash-seed"
 V1 = {"dflash/__init__.py": "VERSION = 1\n", "dflash/train.py": "print('one')\n"}
 V2 = {"dflash/__init__.py": "VERSION = 2\n", "dflash/train.py": "print('two')\n"}
-
-
-@pytest.fixture(scope="session")
-def bed_lock(proxmox_testbed: Testbed, local_wheelhouse: Path, local_lock: dict) -> dict:
-    """The local CPU lock, installed from the node's wheelhouse mounted into the containers."""
-    for wheel in local_wheelhouse.glob("*.whl"):
-        if not (proxmox_testbed.wheelhouse / wheel.name).exists():
-            shutil.copy(wheel, proxmox_testbed.wheelhouse)
-    return dict(local_lock, source={"wheelhouse": proxmox_testbed.wheelhouse_ct})
-
-
-@pytest.fixture(scope="session")
-def bed_envs(proxmox_testbed: Testbed, bed_lock: dict, tmp_path_factory) -> str:
-    """The torch env built once in every container by a real deploy (about a minute)."""
-    inventory = proxmox_testbed.inventory(
-        tmp_path_factory.mktemp("seed") / "inventory.yml",
-        group_vars={"dflash_lock": bed_lock, "dflash_root": SEED_ROOT},
-    )
-    run = run_playbook("deploy.yml", {"dflash_launch": False}, inventory=inventory)
-    assert run.rc == 0, run.output
-    return f"{SEED_ROOT}/envs"
-
-
-@pytest.fixture
-def pct_playbook(
-    bed: Testbed, bed_lock: dict, bed_envs: str, tmp_path: Path, request
-) -> Callable[..., PlaybookRun]:
-    """Run a playbook against every container with a fresh state root for this test."""
-    root = f"/opt/dflash-{request.node.name[:40].replace('[', '-').replace(']', '')}"
-    for vmid in bed.vmids:
-        bed.attach(vmid, "rm", "-rf", root)
-        bed.attach(vmid, "mkdir", "-p", root)
-        seeded = bed.attach(vmid, "cp", "-al", bed_envs, f"{root}/envs", check=False)
-        assert seeded.returncode == 0, seeded.stderr
-    report = tmp_path / "verify.json"
-
-    def inventory(host_vars: dict | None = None) -> Path:
-        return bed.inventory(
-            tmp_path / "inventory.yml",
-            group_vars={"dflash_lock": bed_lock, "dflash_root": root},
-            host_vars=host_vars,
-        )
-
-    def run(name: str, host_vars: dict | None = None, **extravars: object) -> PlaybookRun:
-        inventory(host_vars)
-        extravars.setdefault("dflash_verify_json", str(report))
-        # Most tests here deploy small fake packages: no trainer unless a test asks for one.
-        extravars.setdefault("dflash_launch", False)
-        report.unlink(missing_ok=True)
-        result = run_playbook(name, extravars, inventory=tmp_path / "inventory.yml")
-        result.report = json.loads(report.read_text()) if report.exists() else None
-        return result
-
-    run.root = root  # type: ignore[attr-defined]
-    run.inventory = inventory  # type: ignore[attr-defined]
-    return run
 
 
 def current_in(bed: Testbed, vmid: int, root: str) -> str:
