@@ -12,6 +12,7 @@ fresh process group killed once it has done --steps steps (no final 12 GB checkp
     split-warm       target on GPU 0, drafter on GPU 1, --compile-drafter, the cache it filled
     colocated-warm   GPU 0, --compile-drafter, the same cache
     colocated-eager  GPU 0, drafter not compiled
+    split-eager      target on GPU 0, drafter on GPU 1, drafter not compiled
 
 Per run: seconds from process start to the first step; the steady step time (median step_s of
 the log from step 3 on); tokens/s and the per-stage seconds of status.json; drafter MFU =
@@ -57,6 +58,7 @@ RUNS = {
     "split-warm": ("0", "1", True, 150.0),
     "colocated-warm": ("0", "0", True, 150.0),
     "colocated-eager": ("0", "0", False, 200.0),
+    "split-eager": ("0", "1", False, 200.0),
 }
 
 
