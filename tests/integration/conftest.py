@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import REPO, build_wheel
 
 # Short enough for CPU tests, long enough that the trainer is still running when checked.
 TRAINER_ARGS = {"target_model": "tiny", "gen_samples": 64, "checkpoint_every": 50}
@@ -54,3 +57,26 @@ def add_release(repo: Path, tag: str, path: str, text: str) -> None:
     git = ["git", "-C", str(repo), "-c", "user.email=t@example.invalid", "-c", "user.name=t"]
     subprocess.run([*git, "commit", "-qam", tag], check=True)
     subprocess.run([*git, "tag", tag], check=True)
+
+
+# A small package for env tests: a lock of it builds in seconds, torch would take a minute.
+PKG = "dflashtest-probe"
+
+
+@pytest.fixture
+def wheelhouse(tmp_path: Path, local_envs: Path) -> Path:
+    """Two versions of a tiny self-built package (and pip): env tests without torch."""
+    folder = tmp_path / "wheelhouse"
+    folder.mkdir()
+    for version in ("1.0", "1.1"):
+        build_wheel(folder, PKG, version)
+    # pip itself, so the env needs no pip (the local_envs fixture filled .build/wheelhouse).
+    for pip_wheel in (REPO / ".build" / "wheelhouse").glob("pip-*.whl"):
+        shutil.copy(pip_wheel, folder)
+    return folder
+
+
+def small_lock(wheelhouse: Path, version: str = "1.0", **extra) -> dict:
+    lock = {"python": "3.11", "wheels": {PKG: version}, "source": {"wheelhouse": str(wheelhouse)}}
+    lock.update(extra)
+    return lock

@@ -6,33 +6,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, build_wheel
-
-PKG = "dflashtest-probe"
-
-
-@pytest.fixture
-def wheelhouse(tmp_path: Path, local_envs: Path) -> Path:
-    folder = tmp_path / "wheelhouse"
-    folder.mkdir()
-    for version in ("1.0", "1.1"):
-        build_wheel(folder, PKG, version)
-    # pip itself, so the env needs no pip (the local_envs fixture filled .build/wheelhouse).
-    for pip_wheel in (REPO / ".build" / "wheelhouse").glob("pip-*.whl"):
-        shutil.copy(pip_wheel, folder)
-    return folder
-
-
-def small_lock(wheelhouse: Path, version: str = "1.0", **extra) -> dict:
-    lock = {"python": "3.11", "wheels": {PKG: version}, "source": {"wheelhouse": str(wheelhouse)}}
-    lock.update(extra)
-    return lock
+from tests.integration.conftest import PKG, small_lock
 
 
 def envs_of(root: Path) -> dict[str, str]:

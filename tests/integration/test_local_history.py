@@ -5,37 +5,12 @@ names exactly the file, the package version and the run.sh value that changed. S
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
-import pytest
-
-from tests.helpers import REPO, build_wheel
-
-PKG = "dflashtest-history"
-
-
-@pytest.fixture
-def small_lock(tmp_path: Path, local_envs: Path):
-    wheelhouse = tmp_path / "wheelhouse"
-    wheelhouse.mkdir()
-    for version in ("1.0", "1.1"):
-        build_wheel(wheelhouse, PKG, version)
-    for pip_wheel in (REPO / ".build" / "wheelhouse").glob("pip-*.whl"):
-        shutil.copy(pip_wheel, wheelhouse)
-
-    def lock(version: str) -> dict:
-        return {
-            "python": "3.11",
-            "wheels": {PKG: version},
-            "source": {"wheelhouse": str(wheelhouse)},
-        }
-
-    return lock
+from tests.integration.conftest import PKG, small_lock
 
 
 def test_history_lists_and_diff_names_exactly_what_changed(
-    source_repo, playbook, small_lock, tmp_path
+    source_repo, playbook, wheelhouse, tmp_path
 ):
     source_repo("v1", {"dflash/__init__.py": "VERSION = 1\n", "dflash/model.py": "LAYERS = 5\n"})
     repo = source_repo(
@@ -46,7 +21,7 @@ def test_history_lists_and_diff_names_exactly_what_changed(
     def deploy(ref: str, version: str, steps: int):
         run = playbook(
             "deploy.yml", dflash_source_dir=str(repo), dflash_ref=ref,
-            dflash_lock=small_lock(version), dflash_trainer_args={"max_steps": steps},
+            dflash_lock=small_lock(wheelhouse, version), dflash_trainer_args={"max_steps": steps},
         )  # fmt: skip
         assert run.rc == 0, run.output
 
