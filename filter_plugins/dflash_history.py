@@ -83,6 +83,40 @@ def diff_lines(diff: dict) -> list[str]:
     return lines
 
 
+def restore_target(
+    history: list[dict],
+    releases: list[str],
+    current: str | None,
+    failed_release: str,
+    failed_run_sh_sha256: str,
+) -> dict:
+    """What a failed launch goes back to: the newest healthy deployment whose release is still
+    on the target and that is not the very thing that failed (same release and run.sh); else
+    what was current, as its newest good line recorded it; else {} (nothing to go back to)."""
+
+    def tried(entry: dict) -> bool:
+        return (entry.get("release"), entry.get("run_sh_sha256")) == (
+            failed_release,
+            failed_run_sh_sha256,
+        )
+
+    for entry in reversed(history):
+        healthy = entry.get("result") == "healthy" and entry.get("release") in releases
+        if healthy and not tried(entry):
+            return entry
+    if not current:
+        return {}
+    for entry in reversed(history):
+        if entry.get("release") == current and entry.get("result") in ("healthy", "deployed"):
+            return {} if tried(entry) else entry
+    # No line for it (state from before history): the release alone, with the run.sh on disk.
+    return {} if current == failed_release else {"release": current}
+
+
 class FilterModule:
     def filters(self) -> dict:
-        return {"dflash_history_lines": history_lines, "dflash_diff_lines": diff_lines}
+        return {
+            "dflash_history_lines": history_lines,
+            "dflash_diff_lines": diff_lines,
+            "dflash_restore_target": restore_target,
+        }

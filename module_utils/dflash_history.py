@@ -7,11 +7,10 @@ import difflib
 from collections.abc import Callable
 
 from ansible.module_utils.dflash_lock import pinned
+from ansible.module_utils.dflash_state import GOOD_RESULTS as GOOD
 
 SELECTORS = "current, previous, fastest, last, a number from history.yml, or a release id"
 TEXT_DIFF_LINES = 200
-# Deployments that ended well: health-checked, or staged without a launch.
-GOOD = ("healthy", "deployed")
 
 
 class SelectorError(ValueError):

@@ -78,13 +78,15 @@ def test_stray_and_sigterm_deaf_trainers_are_stopped(deploy, target_root):
 
 
 def test_crash_at_start_puts_the_previous_release_back(deploy, trainer_repo, target_root):
+    add_release(trainer_repo, "v0", "dflash/__init__.py", "\n# v0\n")
+    assert deploy("v0", dflash_launch=False).rc == 0  # staged: the deployment before v1
     assert deploy("v1").rc == 0
     good = read_json(target_root / "trainer.json")
     add_release(
         trainer_repo, "crash", "dflash/__init__.py",
         "\nraise RuntimeError('boom: this release cannot start')\n",
     )  # fmt: skip
-    run = deploy("crash")
+    run = deploy("crash", dflash_keep_releases=1)
     assert run.rc != 0
     flat = " ".join(run.output.split())
     assert "boom: this release cannot start" in flat, "the log tail is missing"
@@ -105,3 +107,7 @@ def test_crash_at_start_puts_the_previous_release_back(deploy, trainer_repo, tar
         "rollback", "v1", "healthy"
     )  # fmt: skip
     assert restored["run_id"] == back["run_id"]
+    # keep 1: v1 is current again, v0 is rollback.yml's default target, the crash stays for
+    # diff.yml until the next deploy; nothing of them was pruned.
+    assert sorted(p.name for p in (target_root / "releases").iterdir()) == ["crash", "v0", "v1"]
+    assert restored["controller"]["user"] and failed["controller"]["user"]

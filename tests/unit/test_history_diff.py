@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from ansible.module_utils.dflash_history import SelectorError, compare, listing, select
-from dflash_history_filters import diff_lines, history_lines
+from dflash_history_filters import diff_lines, history_lines, restore_target
 
 LOCK = {"python": "3.11", "torch": "2.13.0+cpu", "wheels": {"Jinja2": "3.1.6", "numpy": "2.1.0"}}
 
@@ -104,3 +104,25 @@ def test_listing_numbers_every_line_and_the_table_shows_results_and_speed():
     ]  # fmt: skip
     assert "rolled_back" in lines[3] and "300" in lines[3]
     assert history_lines([]) == ["no deployments recorded"]
+
+
+def test_a_failed_launch_goes_back_to_the_newest_healthy_deployment_that_is_not_itself():
+    releases = ["v1", "v2", "v3"]
+    history = [
+        entry("v1", run_sh_sha256="a"),
+        entry("v2", result="deployed", run_sh_sha256="b"),
+        entry("v3", run_sh_sha256="c"),
+    ]
+    # v4 failed: back to v3, the newest healthy one.
+    assert restore_target(history, releases, "v3", "v4", "d")["release"] == "v3"
+    # v3 relaunched with the same run.sh failed: not itself again, but v1.
+    assert restore_target(history, releases, "v3", "v3", "c")["release"] == "v1"
+    # v3 with a new run.sh failed: v3 with its recorded run.sh.
+    assert restore_target(history, releases, "v3", "v3", "x")["run_sh_sha256"] == "c"
+    # A pruned release is no target; with no healthy one left, what was current (staged v2).
+    assert restore_target(history[1:2], ["v2"], "v2", "v4", "d")["release"] == "v2"
+    # Nothing healthy and the current deployment is what failed: nothing to go back to.
+    assert restore_target(history[1:2], ["v2"], "v2", "v2", "b") == {}
+    assert restore_target([], [], None, "v1", "a") == {}
+    # State from before history: the current release alone.
+    assert restore_target([], ["v0"], "v0", "v1", "a") == {"release": "v0"}
