@@ -8,7 +8,7 @@ BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 # The venv's ansible-playbook and the controller Python it reports come first on PATH.
 export PATH := $(BIN):$(PATH)
-PLAYBOOKS := deploy.yml verify.yml rollback.yml $(wildcard playbooks/*.yml)
+PLAYBOOKS := $(wildcard *.yml) $(wildcard playbooks/*.yml)
 
 .PHONY: venv demo test lint unit clean-sandbox
 
