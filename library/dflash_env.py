@@ -95,7 +95,7 @@ from ansible.module_utils.dflash_lock import (
     wheel_name_version,
 )
 from ansible.module_utils.dflash_release import sha256_file
-from ansible.module_utils.dflash_state import GOOD_RESULTS, current_release, read_history
+from ansible.module_utils.dflash_state import current_release, deployment_index, read_history
 
 MARKER = ".dflash-env.json"
 # Oldest driver that runs a CUDA major version (minor version compatibility).
@@ -311,11 +311,12 @@ def pin_lines(python: object, pins: dict[str, str | None]) -> str:
 def deployed_lock(root: str) -> tuple[str | None, dict | None]:
     """(lock id, lock) the deployment of `current` recorded in history.jsonl, if any."""
     release, _link = current_release(root)
-    for entry in reversed(read_history(root)):
-        if entry.get("release") == release and entry.get("result") in GOOD_RESULTS:
-            lock = entry.get("lock")
-            return entry.get("lock_id"), lock if isinstance(lock, dict) else None
-    return None, None
+    history = read_history(root)
+    index = deployment_index(history, release)
+    if index is None:
+        return None, None
+    lock = history[index].get("lock")
+    return history[index].get("lock_id"), lock if isinstance(lock, dict) else None
 
 
 def changes(before: dict[str, str | None], after: dict[str, str]) -> list[str]:

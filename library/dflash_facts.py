@@ -115,9 +115,9 @@ from ansible.module_utils.dflash_procs import find_trainers
 from ansible.module_utils.dflash_release import file_drift, tree_sha256
 from ansible.module_utils.dflash_state import (
     CURRENT,
-    GOOD_RESULTS,
     RELEASES,
     current_release,
+    deployment_index,
     previous_deployment,
     read_history,
     read_json,
@@ -219,14 +219,6 @@ def checkpoints(root: str) -> dict:
     return {"path": folder, "count": len(names), "newest": names[-1] if names else None}
 
 
-def deployment_of(history: list[dict], release: str | None) -> dict | None:
-    """The newest history entry that made `release` current with a good result."""
-    for entry in reversed(history):
-        if entry.get("release") == release and entry.get("result") in GOOD_RESULTS:
-            return entry
-    return None
-
-
 def gather(root: str, checksums: bool, history_limit: int) -> dict:
     release, link = current_release(root)
     manifests = release_manifests(root)
@@ -261,7 +253,8 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
         facts["current"]["path"] = os.path.join(root, CURRENT)
         if checksums:
             facts["files"] = file_drift(folder, manifest)
-    deployment = deployment_of(history, release)
+    index = deployment_index(history, release)
+    deployment = None if index is None else history[index]
     facts["deployment"] = (
         {k: v for k, v in deployment.items() if k != "run_sh_text"} if deployment else None
     )

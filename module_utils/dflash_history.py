@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from ansible.module_utils.dflash_lock import pinned
 from ansible.module_utils.dflash_state import GOOD_RESULTS as GOOD
+from ansible.module_utils.dflash_state import deployment_index
 
 SELECTORS = "current, previous, fastest, last, a number from history.yml, or a release id"
 TEXT_DIFF_LINES = 200
@@ -47,18 +48,10 @@ def _newest(history: list[dict], accept: Callable[[dict], bool]) -> int | None:
     return None
 
 
-def current_index(history: list[dict], current: str | None) -> int | None:
-    """The deployment that made `current` current: its newest good entry."""
-    return _newest(
-        history,
-        lambda e: e.get("release") == current and e.get("result") in GOOD,
-    )
-
-
 def select(history: list[dict], current: str | None, selector: str) -> int:
     """Index into history of the deployment a selector names; SelectorError names the fix."""
     text = str(selector).strip()
-    now = current_index(history, current)
+    now = deployment_index(history, current)
     if text == "current":
         index = now
     elif text == "previous":

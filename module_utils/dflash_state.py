@@ -133,6 +133,15 @@ def append_history(root: str, entry: dict) -> None:
         os.close(fd)
 
 
+def deployment_index(history: list[dict], release: str | None) -> int | None:
+    """Index of the history line that made `release` current: its newest good line."""
+    for index in range(len(history) - 1, -1, -1):
+        entry = history[index]
+        if entry.get("release") == release and entry.get("result") in GOOD_RESULTS:
+            return index
+    return None
+
+
 def previous_deployment(
     history: list[dict], current: str | None, available: list[str]
 ) -> str | None:
