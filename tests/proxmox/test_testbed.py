@@ -186,20 +186,29 @@ def test_a_killed_owner_leaves_a_bed_the_next_bring_up_removes() -> None:
     assert _beds_of(proc.pid) == []
 
 
-def test_sigterm_to_pytest_still_tears_the_bed_down(tmp_path: Path) -> None:
+@pytest.mark.parametrize("moment", ["during bring-up", "during the test"])
+def test_sigterm_to_pytest_still_tears_the_bed_down(tmp_path: Path, moment: str) -> None:
     (tmp_path / "conftest.py").write_text(
         "from tests.testbed.pytest_plugin import proxmox_testbed  # noqa: F401\n"
     )
+    started = tmp_path / "test-started"
     (tmp_path / "test_sleep.py").write_text(
-        "import time\n\ndef test_sleeps(proxmox_testbed):\n    time.sleep(120)\n"
+        "import time\nfrom pathlib import Path\n\n"
+        f"def test_sleeps(proxmox_testbed):\n    Path({str(started)!r}).touch()\n"
+        "    time.sleep(120)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO), "DFLASH_TESTBED_CONTAINERS": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+    # sshd is recorded while the containers are still starting; the marker once the test runs.
+    if moment == "during bring-up":
+        ready = lambda: any(s.get("sshd") for s in _beds_of(proc.pid))  # noqa: E731
+    else:
+        ready = started.exists
     try:
-        assert _wait_for(lambda: any(s.get("sshd") for s in _beds_of(proc.pid))), "never up"
+        assert _wait_for(ready), f"never reached {moment}"
         (bed_state,) = _beds_of(proc.pid)
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)

@@ -46,8 +46,10 @@ def proxmox_testbed(request: pytest.FixtureRequest) -> Iterator[Testbed]:
             reporter.write_line(message)
 
     containers = int(os.environ.get("DFLASH_TESTBED_CONTAINERS", "2"))
-    bed = Testbed.up(containers=containers, log=log)
+    # Installed before bring-up: a SIGTERM while containers start must still tear them down
+    # (up() cleans up after any exception, KeyboardInterrupt included).
     previous = _interrupt_on_sigterm()
     request.addfinalizer(lambda: signal.signal(signal.SIGTERM, previous))  # type: ignore[arg-type]
+    bed = Testbed.up(containers=containers, log=log)
     request.addfinalizer(lambda: bed.down(log=log))
     yield bed
