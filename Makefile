@@ -37,8 +37,11 @@ lint: venv
 		echo "syntax ok: $$p"; \
 	done
 
+# Two workers: much of the suite waits on trainers and containers, so two cores go further.
+PYTEST_WORKERS ?= 2
+
 test: lint
-	pytest
+	pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 clean-sandbox:
 	rm -rf sandbox .build reports

@@ -4,9 +4,11 @@ checkout holding a small dflash/ package, so the lifecycle tests do not depend o
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -60,10 +62,39 @@ def target_root(tmp_path: Path) -> Path:
     return tmp_path / "target" / "dflash"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test` runs two workers) every test on the loopback test bed
+    goes to one worker, so one bed comes up; they are listed first because they are the
+    longest group and should not start last."""
+    on_bed = [item for item in items if "proxmox_testbed" in getattr(item, "fixturenames", ())]
+    for item in on_bed:
+        item.add_marker(pytest.mark.xdist_group("testbed"))
+    placed = set(on_bed)
+    items[:] = on_bed + [item for item in items if item not in placed]
+
+
+def _run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every xdist worker of this run shares (each worker has its own basetemp)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def _exclusive(lock_file: Path) -> Iterator[None]:
+    """One worker at a time: the others wait here and then find the work done."""
+    with open(lock_file, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
-def local_wheelhouse() -> Path:
+def local_wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The local lock's wheelhouse (.build/wheelhouse), filled by the real playbook."""
-    run = run_playbook("playbooks/wheelhouse.yml", {})
+    with _exclusive(_run_folder(tmp_path_factory) / "wheelhouse.lock"):
+        run = run_playbook("playbooks/wheelhouse.yml", {})
     assert run.rc == 0, run.output
     return REPO / ".build" / "wheelhouse"
 
@@ -77,13 +108,18 @@ def local_lock() -> dict:
 
 @pytest.fixture(scope="session")
 def local_envs(tmp_path_factory: pytest.TempPathFactory, local_wheelhouse: Path) -> Path:
-    """envs/ of the local lock, built once per session by a real deploy run.
+    """envs/ of the local lock, built once per test run by a real deploy run.
 
     Building the torch env takes ~40 s; tests that are not about the env start from a
-    hard-linked copy of this one, which the env module then checks like any other."""
-    root = tmp_path_factory.mktemp("envcache") / "dflash"
-    run = run_playbook("deploy.yml", {"dflash_root": str(root), "dflash_launch": False})
-    assert run.rc == 0, run.output
+    hard-linked copy of this one, which the env module then checks like any other. The xdist
+    workers share it: the first builds it, the others wait for it."""
+    shared = _run_folder(tmp_path_factory) / "envcache"
+    root, built = shared / "dflash", shared / "built"
+    with _exclusive(_run_folder(tmp_path_factory) / "envcache.lock"):
+        if not built.exists():
+            run = run_playbook("deploy.yml", {"dflash_root": str(root), "dflash_launch": False})
+            assert run.rc == 0, run.output
+            built.touch()
     return root / "envs"
 
 
