@@ -117,6 +117,7 @@ def local_envs(tmp_path_factory: pytest.TempPathFactory, local_wheelhouse: Path)
     root, built = shared / "dflash", shared / "built"
     with _exclusive(_run_folder(tmp_path_factory) / "envcache.lock"):
         if not built.exists():
+            shared.mkdir(exist_ok=True)
             run = run_playbook("deploy.yml", {"dflash_root": str(root), "dflash_launch": False})
             assert run.rc == 0, run.output
             built.touch()
