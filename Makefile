@@ -41,7 +41,7 @@ lint: venv
 PYTEST_WORKERS ?= 2
 
 test: lint
-	pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	pytest -n $(PYTEST_WORKERS)
 
 clean-sandbox:
 	rm -rf sandbox .build reports

@@ -7,14 +7,13 @@ import contextlib
 import fcntl
 import json
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import REPO, PlaybookRun, run_playbook
+from tests.helpers import REPO, PlaybookRun, git_source, run_playbook, seed_target
 
 DEPLOYED_SUITE = Path(__file__).resolve().parent / "deployed"
 
@@ -37,24 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture
 def source_repo(tmp_path: Path) -> Callable[..., Path]:
     """A git checkout with dflash/; call it as commit(name, files) to add a tagged commit."""
-    repo = tmp_path / "source"
-    (repo / "dflash").mkdir(parents=True)
-    git = ["git", "-C", str(repo), "-c", "user.email=t@example.invalid", "-c", "user.name=t"]
-    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
-
-    def commit(tag: str, files: dict[str, str]) -> Path:
-        for rel, text in files.items():
-            path = repo / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        subprocess.run([*git, "add", "-A"], check=True)
-        subprocess.run([*git, "commit", "-q", "-m", tag or "untagged"], check=True)
-        if tag:
-            subprocess.run([*git, "tag", tag], check=True)
-        return repo
-
-    commit.path = repo  # type: ignore[attr-defined]
-    return commit
+    return git_source(tmp_path / "source")
 
 
 @pytest.fixture
@@ -62,15 +44,24 @@ def target_root(tmp_path: Path) -> Path:
     return tmp_path / "target" / "dflash"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# The loopback test bed's tests; see pytest_xdist_make_scheduler.
+BED_TESTS = "tests/proxmox/"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """Under pytest-xdist (`make test` runs two workers) every test on the loopback test bed
-    goes to one worker, so one bed comes up; they are listed first because they are the
-    longest group and should not start last."""
-    on_bed = [item for item in items if "proxmox_testbed" in getattr(item, "fixturenames", ())]
-    for item in on_bed:
-        item.add_marker(pytest.mark.xdist_group("testbed"))
-    placed = set(on_bed)
-    items[:] = on_bed + [item for item in items if item not in placed]
+    goes to one worker, so one bed comes up. The other tests are spread one at a time. xdist
+    hands out the largest group first, so the bed's (the longest) does not start last. (Scoped
+    by path here: xdist's own `xdist_group` mark is lost under pytest 9, which no longer reads
+    the node id that xdist 3.8 rewrites.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class BedTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "testbed" if nodeid.startswith(BED_TESTS) else nodeid
+
+    return BedTestsTogether(config, log)
 
 
 def _run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -143,8 +134,7 @@ def playbook(tmp_path: Path, target_root: Path, local_envs: Path) -> Callable[..
         }
         variables.update(extravars)
         if variables["dflash_root"] == str(target_root) and not target_root.exists():
-            target_root.mkdir()
-            subprocess.run(["cp", "-al", str(local_envs), str(target_root / "envs")], check=True)
+            seed_target(target_root, local_envs)
         result = run_playbook(name, variables, check=check, tags=tags)
         result.report = json.loads(report.read_text()) if report.exists() else None
         return result

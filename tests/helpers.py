@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +80,34 @@ def run_playbook(
         for m in _RECAP.finditer(output)
     }
     return PlaybookRun(rc=proc.returncode, output=output, recap=recap)
+
+
+def git_source(repo: Path) -> Callable[[str, dict[str, str]], Path]:
+    """A new git checkout at `repo`; call the result as commit(tag, files) to add a commit
+    (tagged unless the tag is empty)."""
+    (repo / "dflash").mkdir(parents=True)
+    git = ["git", "-C", str(repo), "-c", "user.email=t@example.invalid", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+
+    def commit(tag: str, files: dict[str, str]) -> Path:
+        for rel, text in files.items():
+            path = repo / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", tag or "untagged"], check=True)
+        if tag:
+            subprocess.run([*git, "tag", tag], check=True)
+        return repo
+
+    return commit
+
+
+def seed_target(root: Path, envs: Path) -> None:
+    """A new state root holding a hard-linked copy of a built envs/ (the env module checks it
+    like any other), so a test does not spend ~40 s building torch's env."""
+    root.mkdir(parents=True)
+    subprocess.run(["cp", "-al", str(envs), str(root / "envs")], check=True)
 
 
 def build_wheel(folder: Path, name: str, version: str) -> Path:

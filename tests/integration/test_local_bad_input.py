@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import git_source, run_playbook, seed_target
+
 V1 = {"dflash/__init__.py": "VERSION = 1\n"}
 
 
@@ -28,11 +30,21 @@ def snapshot(root: Path) -> dict[str, bytes | str]:
     return state
 
 
-@pytest.fixture
-def deployed(source_repo, playbook, target_root) -> Path:
-    repo = source_repo("v1", V1)
-    assert playbook("deploy.yml", dflash_source_dir=str(repo), dflash_ref="v1").rc == 0
-    return repo
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory: pytest.TempPathFactory, local_envs: Path) -> dict[str, str]:
+    """One target with v1 deployed, shared by every bad-input case: each must leave it exactly
+    as it was (the snapshot says so), so sharing it costs no independence."""
+    base = tmp_path_factory.mktemp("bad-input")
+    repo = git_source(base / "source")("v1", V1)
+    root = base / "target" / "dflash"
+    seed_target(root, local_envs)
+    variables = {
+        "dflash_root": str(root), "dflash_source_dir": str(repo), "dflash_launch": False,
+        "dflash_verify_json": str(base / "verify.json"),
+    }  # fmt: skip
+    run = run_playbook("deploy.yml", {**variables, "dflash_ref": "v1"})
+    assert run.rc == 0, run.output
+    return variables
 
 
 @pytest.mark.parametrize(
@@ -47,18 +59,17 @@ def deployed(source_repo, playbook, target_root) -> Path:
         ("deploy.yml", {"dflash_keep_releases": 0}, ["dflash_keep_releases=0", "1 or more"]),
     ],
 )
-def test_bad_input_changes_nothing(
-    deployed, playbook, target_root, playbook_name, variables, expected
-):
-    before = snapshot(target_root)
-    run = playbook(playbook_name, dflash_source_dir=str(deployed), **variables)
+def test_bad_input_changes_nothing(deployed, playbook_name, variables, expected):
+    root = Path(deployed["dflash_root"])
+    before = snapshot(root)
+    run = run_playbook(playbook_name, {**deployed, **variables})
     assert run.rc != 0
     for text in expected:
         assert text in run.output.replace("\n", " ").replace("  ", " ") or text in run.output, (
             text,
             run.output,
         )
-    assert snapshot(target_root) == before
+    assert snapshot(root) == before
 
 
 def test_tag_that_cannot_be_a_release_name(source_repo, playbook, target_root):
