@@ -85,6 +85,8 @@ def test_field_layout_renders_as_documented(tmp_path):
     assert seen["env"]["TORCHINDUCTOR_CACHE_DIR"].endswith("/cache/fp")
     assert seen["env"]["TRITON_CACHE_DIR"].endswith("/cache/fp/triton")
     assert seen["env"]["DFLASH_ROOT"] == str(tmp_path / "root")
+    # torchrun waits as long as the toolkit does (dflash_stop_timeout) before killing ranks.
+    assert seen["env"]["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "60"
     assert seen["cwd"] == str(tmp_path / "root" / "releases" / "r1")
 
 
@@ -131,6 +133,7 @@ def test_cpu_layout_runs_python_directly_and_is_shellcheck_clean(tmp_path):
     assert subprocess.run(["shellcheck", str(run_sh)]).returncode == 0
     seen = execute(run_sh, tmp_path)
     assert seen["argv"][:4] == ["-m", "dflash.train", "--target-model", "tiny"]
+    assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in seen["env"]
 
 
 @pytest.mark.parametrize(
