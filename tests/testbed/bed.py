@@ -13,9 +13,12 @@ import json
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -25,14 +28,20 @@ from typing import Any
 from . import registry
 from .node import lxcctl
 from .node.nodecfg import ENV_VAR, NodeConfig
+from .node.ops import Node
 from .node.pveconf import ConfigStore, CtConfig, Section, parse
+from .node.storage import DEFAULT_STORAGE_CFG
 from .procs import ProcRef
-from .rootfs import ensure_rootfs
+from .rootfs import ensure_rootfs, ensure_shifted_rootfs
 from .shims import REPO_ROOT, write_shims
-from .sshd import SshEndpoint, prepare_keys, start_sshd
+from .sshd import SshEndpoint, free_port, prepare_keys, start_sshd
 from .teardown import reap_stale, teardown
+from .tls import make_certificates
 
 CT_WHEELHOUSE = "/mnt/wheelhouse"
+# The API user and its privilege-separated token that the bed's inventory uses (bed.inventory).
+API_USER = "dflash@pve"
+API_TOKEN = "deploy"
 REQUIRED_TOOLS = ("lxc-start", "lxc-stop", "lxc-info", "lxc-attach", "unshare", "mount",
                   "ssh-keygen", "debootstrap", "dpkg")  # fmt: skip
 
@@ -53,29 +62,39 @@ def missing_prerequisites() -> list[str]:
     return reasons
 
 
-def default_ct_config(vmid: int, wheelhouse: Path) -> CtConfig:
-    """A config as Proxmox writes it for a small Debian container with the wheelhouse mounted.
+def default_ct_config(vmid: int, wheelhouse: Path, unprivileged: bool = True) -> CtConfig:
+    """A config as Proxmox writes it for a small Debian container on LVM-thin, with the node's
+    wheelhouse bind-mounted (which, as on a real node, rules out snapshots). Unprivileged, as
+    Proxmox creates containers by default (`unprivileged: 1`); privileged ones lack the key."""
+    options = {
+        "arch": "amd64",
+        "cores": "2",
+        "features": "nesting=1",
+        "hostname": f"ct{vmid}",
+        "memory": "2048",
+        "mp0": f"{wheelhouse},mp={CT_WHEELHOUSE},ro=1",
+        "net0": f"name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:{vmid // 256 % 256:02X}:"
+        f"{vmid % 256:02X},ip=dhcp,type=veth",
+        "ostype": "debian",
+        "rootfs": f"local-lvm:vm-{vmid}-disk-0,size=8G",
+        "swap": "512",
+    }
+    if unprivileged:
+        options["unprivileged"] = "1"
+    return CtConfig(Section(options))
 
-    Proxmox creates unprivileged containers by default; these are privileged (no `unprivileged`
-    key), which is the one difference a deploy may notice (file ownership as seen on the node).
-    """
-    return CtConfig(
-        Section(
-            {
-                "arch": "amd64",
-                "cores": "2",
-                "features": "nesting=1",
-                "hostname": f"ct{vmid}",
-                "memory": "2048",
-                "mp0": f"{wheelhouse},mp={CT_WHEELHOUSE},ro=1",
-                "net0": f"name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:{vmid // 256 % 256:02X}:"
-                f"{vmid % 256:02X},ip=dhcp,type=veth",
-                "ostype": "debian",
-                "rootfs": f"local-zfs:subvol-{vmid}-disk-0,size=8G",
-                "swap": "512",
-            }
-        )
-    )
+
+def user_cfg(tokens: dict[str, dict[str, Any]]) -> str:
+    """/etc/pve/user.cfg: the API user may administer every guest; each token (privilege
+    separated unless said otherwise) only the paths its `acl` names ({path: role})."""
+    lines = ["user:root@pam:1:0:::root@localhost::", f"user:{API_USER}:1:0::::dflash deploy::"]
+    for name, spec in tokens.items():
+        lines.append(f"token:{API_USER}!{name}:0:{int(spec.get('privsep', True))}::")
+    lines.append(f"acl:1:/:{API_USER}:PVEVMAdmin:")
+    for name, spec in tokens.items():
+        for path, role in spec["acl"].items():
+            lines.append(f"acl:1:{path}:{API_USER}!{name}:{role}:")
+    return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -91,6 +110,11 @@ class Testbed:
     ssh: SshEndpoint
     sshd: ProcRef
     base_rootfs: Path
+    shifted_rootfs: Path  # the base owned by 100000+, for unprivileged containers
+    api: ProcRef | None  # the HTTPS API server
+    api_port: int
+    privileged: list[int]  # the containers without `unprivileged: 1` (one, for comparison)
+    tokens: dict[str, dict[str, Any]]  # API token name -> {secret, privsep, acl {path: role}}
     owner: ProcRef | None = None  # the process whose end makes this bed stale (None: CLI bed)
     _down: bool = field(default=False, repr=False)
 
@@ -125,8 +149,18 @@ class Testbed:
         return CT_WHEELHOUSE
 
     @property
+    def ca_file(self) -> Path:
+        """The cluster CA that signed the API's certificate: what a client trusts."""
+        return self.node_cfg.etc_pve / "pve-root-ca.pem"
+
+    @property
+    def api_url(self) -> str:
+        return f"https://{self.host}:{self.api_port}"
+
+    @property
     def node_cfg(self) -> NodeConfig:
-        return NodeConfig(node=self.node, root=str(self.root), base_rootfs=str(self.base_rootfs))
+        return NodeConfig(self.node, str(self.root), str(self.base_rootfs),
+                          str(self.shifted_rootfs), self.api_port)  # fmt: skip
 
     @property
     def store(self) -> ConfigStore:
@@ -140,6 +174,9 @@ class Testbed:
         """Inventory host name of a container."""
         return f"ct{vmid}"
 
+    def unprivileged(self, vmid: int) -> bool:
+        return vmid not in self.privileged
+
     # --- bring-up ---------------------------------------------------------------------------
     @classmethod
     def up(
@@ -151,7 +188,8 @@ class Testbed:
         persistent: bool = False,
         log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
     ) -> Testbed:
-        """Start sshd and `containers` LXC containers (VMIDs from `vmid_base` on).
+        """Start sshd, the HTTPS API and `containers` LXC containers (VMIDs from `vmid_base`
+        on; unprivileged, but the last of two or more is privileged, for comparison).
 
         The bed belongs to this process: it is torn down at exit (atexit) and, should this
         process be killed, by the next bring-up. `persistent=True` (the CLI) leaves it up
@@ -170,33 +208,43 @@ class Testbed:
                 "stop it with: python -m tests.testbed down"
             )
         base = ensure_rootfs(log=log)
+        shifted = ensure_shifted_rootfs(base, log=log)
         root = Path(tempfile.mkdtemp(prefix=f"dflash-testbed-{name}-"))
         root.chmod(0o755)
-        cfg = NodeConfig(node=node, root=str(root), base_rootfs=str(base))
         owner = None if persistent else ProcRef.of(os.getpid(), "bed owner")
         with registry.locked():
             vmids = _free_vmids(vmid_base, containers)
             # Recorded before anything starts, so a crash halfway still leaves a way to clean up.
             registry.save(name, {"name": name, "root": str(root), "vmids": vmids, "node": node,
                                  "owner": owner and owner.to_json(), "sshd": None})  # fmt: skip
-        sshd = None
+        privileged = vmids[-1:] if containers >= 2 else []
+        tokens = {API_TOKEN: {"secret": str(uuid.uuid4()), "privsep": True,
+                              "acl": {f"/vms/{v}": "PVEVMAdmin" for v in vmids}}}  # fmt: skip
+        cfg = NodeConfig(node, str(root), str(base), str(shifted), api_port=free_port())
+        sshd = api = None
         try:
-            for folder in (cfg.etc_pve, cfg.lxcpath, cfg.tasks, root / "wheelhouse"):
+            for folder in (cfg.etc_pve / "priv", cfg.lxcpath, cfg.tasks, root / "wheelhouse"):
                 folder.mkdir(parents=True, exist_ok=True)
             cfg.save()
             cfg.trace.touch()
+            (cfg.etc_pve / "storage.cfg").write_text(DEFAULT_STORAGE_CFG)
+            make_certificates(cfg.etc_pve, node)
             shim_sbin, shim_bin = write_shims(root)
             prepare_keys(root / "ssh")
             sshd, endpoint = start_sshd(root / "ssh", shim_sbin, shim_bin)
-            bed = cls(name, root, node, vmids, endpoint, sshd, base, owner)
+            registry.save(name, {**registry.load_all()[name], "sshd": sshd.to_json()})
+            api = start_api(cfg)
+            bed = cls(name, root, node, vmids, endpoint, sshd, base, shifted, api, cfg.api_port,
+                      privileged, tokens, owner)  # fmt: skip
             registry.save(name, bed.state())
+            bed.write_access()
             store = bed.store
             for vmid in vmids:
                 store.folder.mkdir(parents=True, exist_ok=True)
-                store.write(vmid, default_ct_config(vmid, bed.wheelhouse))
+                store.write(vmid, bed.default_config(vmid))
                 lxcctl.start(cfg, vmid, store)
         except BaseException:
-            teardown(name, root, vmids, node, sshd, log)
+            teardown(name, root, vmids, node, [p for p in (sshd, api) if p], log)
             raise
         if not persistent:
             atexit.register(bed.down)
@@ -208,24 +256,60 @@ class Testbed:
             return
         self._down = True
         atexit.unregister(self.down)
-        teardown(self.name, self.root, self.vmids, self.node, self.sshd, log)
+        servers = [p for p in (self.sshd, self.api) if p]
+        teardown(self.name, self.root, self.vmids, self.node, servers, log)
 
     def state(self) -> dict[str, Any]:
         return {
             "name": self.name, "root": str(self.root), "node": self.node, "vmids": self.vmids,
             "owner": self.owner and self.owner.to_json(), "sshd": self.sshd.to_json(),
-            "base_rootfs": str(self.base_rootfs), "host": self.host, "port": self.port,
-            "user": self.user, "private_key": str(self.private_key),
-            "known_hosts": str(self.known_hosts),
+            "api": self.api and self.api.to_json(), "api_port": self.api_port,
+            "base_rootfs": str(self.base_rootfs), "shifted_rootfs": str(self.shifted_rootfs),
+            "host": self.host, "port": self.port, "user": self.user,
+            "private_key": str(self.private_key), "known_hosts": str(self.known_hosts),
+            "privileged": self.privileged, "tokens": self.tokens,
         }  # fmt: skip
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Testbed:
         endpoint = SshEndpoint(state["host"], state["port"], state["user"],
                                Path(state["private_key"]), Path(state["known_hosts"]))  # fmt: skip
+        api = ProcRef.from_json(state["api"]) if state.get("api") else None
         return cls(state["name"], Path(state["root"]), state["node"], list(state["vmids"]),
                    endpoint, ProcRef.from_json(state["sshd"]), Path(state["base_rootfs"]),
+                   Path(state["shifted_rootfs"]), api, int(state["api_port"]),
+                   list(state["privileged"]), dict(state["tokens"]),
                    ProcRef.from_json(state["owner"]) if state.get("owner") else None)  # fmt: skip
+
+    # --- API access -------------------------------------------------------------------------
+    def write_access(self) -> None:
+        """user.cfg and priv/token.cfg from `tokens` (the API reads them on every call)."""
+        etc = self.node_cfg.etc_pve
+        (etc / "user.cfg").write_text(user_cfg(self.tokens))
+        secrets = "".join(f"{API_USER}!{n} {t['secret']}\n" for n, t in self.tokens.items())
+        (etc / "priv" / "token.cfg").write_text(secrets)
+        (etc / "priv" / "token.cfg").chmod(0o600)
+
+    def add_token(self, name: str, acl: dict[str, str], privsep: bool = True) -> str:
+        """A new API token of the API user with these ACL entries ({path: role}); its secret."""
+        self.tokens[name] = {"secret": str(uuid.uuid4()), "privsep": privsep, "acl": dict(acl)}
+        self.write_access()
+        return str(self.tokens[name]["secret"])
+
+    def token_secret(self, name: str = API_TOKEN) -> str:
+        return str(self.tokens[name]["secret"])
+
+    def delay_tasks(self, kind: str, seconds: float) -> None:
+        """Fault injection: workers of tasks of this type (vzstart, vzsnapshot, ...) wait this
+        long before they start; 0 ends the delay."""
+        path = self.root / "faults.json"
+        faults = json.loads(path.read_text()) if path.exists() else {}
+        faults.setdefault("task_delay", {})[kind] = seconds
+        path.write_text(json.dumps(faults))
+
+    def api_calls(self, since: int = 0) -> list[dict[str, Any]]:
+        """The HTTPS API's calls since the mark: method (get/post/put/delete) and path."""
+        return self.trace(since, tool="api")
 
     # --- inventory --------------------------------------------------------------------------
     def inventory(
@@ -241,8 +325,9 @@ class Testbed:
 
         One host per container (`ct<vmid>`, with `proxmox_vmid`), in `group`. `port` overrides
         the SSH port (a closed one makes the node unreachable); `group_vars`/`host_vars` add or
-        override variables. Also sets `proxmox_api_*` variables for the dflash_proxmox module's
-        ssh backend, and `dflash_wheelhouse` (the container-side wheelhouse path).
+        override variables. Also sets the `proxmox_api_*` variables of the node's HTTPS API
+        (the privilege-separated token `dflash@pve!deploy`, the CA file to trust) and
+        `dflash_wheelhouse` (the container-side wheelhouse path).
         """
         ssh_port = self.port if port is None else port
         common: dict[str, Any] = {
@@ -251,14 +336,16 @@ class Testbed:
             "ansible_port": ssh_port,
             "ansible_user": self.user,
             "ansible_ssh_private_key_file": str(self.private_key),
+            # a test bed's node: a fresh host key every bring-up (never for real nodes)
             "ansible_host_key_checking": False,
             "ansible_python_interpreter": "/usr/bin/python3",
             "proxmox_node": self.node,
-            "proxmox_api_backend": "ssh_paramiko",
             "proxmox_api_host": self.host,
-            "proxmox_api_port": ssh_port,
-            "proxmox_api_user": self.user,
-            "proxmox_api_private_key_file": str(self.private_key),
+            "proxmox_api_port": self.api_port,
+            "proxmox_api_user": API_USER,
+            "proxmox_api_token_id": API_TOKEN,
+            "proxmox_api_token_secret": self.token_secret(),
+            "proxmox_api_ca_file": str(self.ca_file),
             "dflash_wheelhouse": self.wheelhouse_ct,
         }
         common.update(group_vars or {})
@@ -300,7 +387,9 @@ class Testbed:
             lxcctl.stop(self.node_cfg, vmid)
 
     def start_container(self, vmid: int) -> None:
+        """Start it as `pct start` does, pending changes applied first."""
         if self.status(vmid) != "running":
+            Node(self.node_cfg).apply_pending(vmid)
             lxcctl.start(self.node_cfg, vmid, self.store)
 
     def delete_container(self, vmid: int) -> None:
@@ -309,11 +398,14 @@ class Testbed:
         self.store.path(vmid).unlink(missing_ok=True)
         shutil.rmtree(self.node_cfg.lxcpath / str(vmid), ignore_errors=True)
 
+    def default_config(self, vmid: int) -> CtConfig:
+        return default_ct_config(vmid, self.wheelhouse, self.unprivileged(vmid))
+
     def restore_container(self, vmid: int, start: bool = True) -> None:
         """Give a VMID of this bed its default config back (after a delete or config edits)."""
         if vmid not in self.vmids:
             raise ValueError(f"{vmid} is not one of this bed's containers {self.vmids}")
-        self.store.write(vmid, default_ct_config(vmid, self.wheelhouse))
+        self.store.write(vmid, self.default_config(vmid))
         if start:
             self.start_container(vmid)
 
@@ -351,7 +443,11 @@ class Testbed:
         return list(self.store.load(vmid).snapshots)
 
     def reset(self) -> None:
-        """Every container of the bed back to its default config (no snapshots) and running."""
+        """Every container of the bed back to its default config (no snapshots, nothing pending)
+        and running; API tokens other than the bed's own and task delays removed."""
+        self.tokens = {API_TOKEN: self.tokens[API_TOKEN]}
+        self.write_access()
+        (self.root / "faults.json").unlink(missing_ok=True)
         for vmid in self.vmids:
             self.restore_container(vmid, start=True)
 
@@ -388,6 +484,31 @@ class Testbed:
     def env(self) -> dict[str, str]:
         """Environment that lets a process on this machine run the doubles directly."""
         return {ENV_VAR: str(self.root / "node.json"), "PYTHONPATH": str(REPO_ROOT)}
+
+
+def start_api(cfg: NodeConfig) -> ProcRef:
+    """The HTTPS API server (node/api.py) on 127.0.0.1:<cfg.api_port>, ready when it answers."""
+    log = (Path(cfg.root) / "api.log").open("ab")
+    env = {**os.environ, ENV_VAR: str(Path(cfg.root) / "node.json"), "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.testbed.node.api"], stdin=subprocess.DEVNULL,
+        stdout=log, stderr=log, env=env, start_new_session=True,
+    )  # fmt: skip
+    log.close()
+    ref = ProcRef.of(proc.pid, "HTTPS API")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        try:
+            with socket.create_connection(("127.0.0.1", cfg.api_port), timeout=0.5):
+                return ref
+        except OSError:
+            time.sleep(0.05)
+    tail = (Path(cfg.root) / "api.log").read_text(errors="replace")[-1500:]
+    if proc.poll() is None:
+        proc.kill()
+    raise RuntimeError(f"the test bed's HTTPS API did not come up; its log ends with:\n{tail}")
 
 
 def _free_vmids(base: int, count: int) -> list[int]:

@@ -97,3 +97,20 @@ def pids_in_mount_namespace(namespace: str) -> list[ProcRef]:
         if started is not None:
             found.append(ProcRef(int(entry.name), started, "process left in the node namespace"))
     return found
+
+
+def pids_with_env(name: str, value: str) -> list[ProcRef]:
+    """Live processes whose environment has NAME=VALUE (never this process)."""
+    wanted = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        started = start_time(int(entry.name))
+        if wanted in environ and started is not None:
+            found.append(ProcRef(int(entry.name), started, "process of the node"))
+    return found

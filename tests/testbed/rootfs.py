@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
@@ -134,3 +135,48 @@ def ensure_rootfs(
             _remove_build_dir(build)
             raise
     return rootfs
+
+
+SHIFT = 100000  # Proxmox's default map for unprivileged containers: u/g 0 100000 65536
+
+
+def _shift_owners(root: Path, by: int) -> None:
+    """lchown every entry (each inode once: hard links share it) by `by`, keeping mode bits
+    (chown clears setuid/setgid, which su and mount need)."""
+    seen: set[tuple[int, int]] = set()
+
+    def shift(path: str) -> None:
+        info = os.lstat(path)
+        if (info.st_dev, info.st_ino) in seen:
+            return
+        seen.add((info.st_dev, info.st_ino))
+        os.lchown(path, info.st_uid + by, info.st_gid + by)
+        if not stat.S_ISLNK(info.st_mode):
+            os.chmod(path, stat.S_IMODE(info.st_mode))
+
+    shift(str(root))
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            shift(os.path.join(folder, name))
+
+
+def ensure_shifted_rootfs(base: Path, log=print) -> Path:
+    """A copy of the base root file system owned by uid/gid 100000+, the shared lower layer of
+    every unprivileged container (cached next to the base; ~2 s to build)."""
+    shifted = base.parent / f"rootfs-shifted-{SHIFT}"
+    if (shifted / "usr/bin/python3").exists():
+        return shifted
+    with _cache_lock(base.parent.parent):
+        if (shifted / "usr/bin/python3").exists():
+            return shifted
+        build = base.parent / f".shift-{os.getpid()}"
+        _remove_build_dir(build)
+        try:
+            subprocess.run(["cp", "-a", str(base), str(build)], check=True, capture_output=True)
+            _shift_owners(build, SHIFT)
+            build.rename(shifted)
+        except BaseException:
+            _remove_build_dir(build)
+            raise
+        log(f"testbed: unprivileged base (owners +{SHIFT}) ready: {shifted}")
+    return shifted

@@ -12,7 +12,7 @@ from typing import Any
 
 from . import procs, registry
 from .node import lxcctl
-from .node.nodecfg import NodeConfig
+from .node.nodecfg import ENV_VAR, NodeConfig
 from .procs import ProcRef
 
 
@@ -31,10 +31,11 @@ def teardown(
     root: Path,
     vmids: list[int],
     node: str,
-    sshd: ProcRef | None,
+    servers: list[ProcRef],
     log: Callable[[str], None],
 ) -> None:
-    """Stop the containers, then sshd (the namespace holder), then remove the bed's folder."""
+    """Stop the containers, then the servers (sshd, the namespace holder, and the HTTPS API)
+    and task workers still running, then remove the bed's folder."""
     began = time.monotonic()
     cfg = NodeConfig(node=node, root=str(root), base_rootfs="")
     problems: list[str] = []
@@ -52,9 +53,15 @@ def teardown(
             ref = procs.start_time(pid)
             if ref is not None and not procs.stop(ProcRef(pid, ref, f"CT {vmid} init")):
                 problems.append(f"CT {vmid} init (pid {pid}) did not stop")
+    sshd = next((s for s in servers if s.what.startswith("sshd")), None)
     namespace = procs.mount_namespace(sshd.pid) if sshd is not None and sshd.alive() else None
-    if sshd is not None and not procs.stop(sshd):
-        problems.append(f"{sshd.what} (pid {sshd.pid}) did not stop")
+    for server in servers:
+        if not procs.stop(server):
+            problems.append(f"{server.what} (pid {server.pid}) did not stop")
+    # task workers the API forked (their environment names this bed's node.json)
+    for worker in procs.pids_with_env(ENV_VAR, str(root / "node.json")):
+        if not procs.stop(worker, grace_s=1.0):
+            problems.append(f"task worker pid {worker.pid} did not stop")
     if namespace is not None:
         # sessions still running in the node's namespace keep its overlays alive: end them
         for left in procs.pids_in_mount_namespace(namespace):
@@ -73,9 +80,9 @@ def teardown(
 
 
 def teardown_state(state: dict[str, Any], log: Callable[[str], None]) -> None:
-    sshd = ProcRef.from_json(state["sshd"]) if state.get("sshd") else None
+    servers = [ProcRef.from_json(state[key]) for key in ("sshd", "api") if state.get(key)]
     teardown(state["name"], Path(state["root"]), [int(v) for v in state["vmids"]],
-              state["node"], sshd, log)  # fmt: skip
+             state["node"], servers, log)  # fmt: skip
 
 
 def reap_stale(log: Callable[[str], None]) -> None:

@@ -1,35 +1,80 @@
 """Real LXC under the doubles: derive each LXC config from its Proxmox config, start, stop, query.
 
-Differences from Proxmox, on purpose: containers are privileged; `netN` is ignored (the network
-is `empty`: everything reaches a container through `pct exec`); memory/cores are recorded but not
-enforced; `devN` becomes an optional bind mount of the node's device (Proxmox creates the node
-itself), so a config naming GPUs the node lacks still starts; storage volumes are emulated by one
-overlay per container on a shared base tree.
+Derived as pve-container src/PVE/LXC.pm `update_lxc_config` does where it matters:
+- `unprivileged: 1` maps uid/gid 0 to 100000 (65536 ids); the root file system is then an
+  overlay on a copy of the base whose owners are shifted by 100000 (rootfs.py), so that root in
+  the container owns its files and node files bind-mounted in appear as nobody (65534);
+- `devN` needs the device on the node (LXC/Tools.pm `get_device_mode_and_rdev`: "Device ...
+  does not exist" fails the start) and gets a `c MAJOR:MINOR rw` device rule;
+- device rules: Proxmox VE 8 runs cgroup v2, where only `lxc.cgroup2.devices.*` rules count and
+  `lxc.cgroup.*` (v1) keys are ignored. This machine mounts cgroup v1, so the bed enforces the
+  container's cgroup2 device rules (after LXC's default list from common.conf) through the v1
+  devices controller, which this kernel has, and drops its v1 keys as PVE 8 would ignore them;
+  other `lxc.cgroup2.*` keys (memory, cpu) cannot be enforced here and are left out;
+- a Debian newer than pve-container knows (LXC/Setup/Debian.pm: above 14) starts with a warning.
+Differences on purpose: `netN` is ignored (the network is `empty`: everything reaches a container
+through `pct exec`); memory/cores are not enforced; storage volumes are folders under the bed.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import stat
 import subprocess
 import time
 from pathlib import Path
 
 from .nodecfg import NodeConfig
 from .pveconf import ConfigStore, Section, parse_property_string
+from .storage import volume_folder
+
+TYPE_CHECKING = False  # not from typing: see cli.py
+if TYPE_CHECKING:
+    from .tasks import TaskLog
 
 INIT_STATIC = "/usr/sbin/init.lxc.static"
+ID_SHIFT = 100000
+# /usr/share/lxc/config/common.conf's device list, which every Proxmox container includes.
+DEFAULT_DEVICE_RULES = [
+    ("deny", "a"), ("allow", "c *:* m"), ("allow", "b *:* m"), ("allow", "c 1:3 rwm"),
+    ("allow", "c 1:5 rwm"), ("allow", "c 1:7 rwm"), ("allow", "c 5:0 rwm"),
+    ("allow", "c 5:1 rwm"), ("allow", "c 5:2 rwm"), ("allow", "c 1:8 rwm"),
+    ("allow", "c 1:9 rwm"), ("allow", "c 136:* rwm"), ("allow", "c 10:229 rwm"),
+]  # fmt: skip
+DEBIAN_MAXIMUM_RELEASE = 14  # LXC/Setup/Debian.pm, a soft limit: a newer one warns
 
 
 class LxcError(RuntimeError):
     pass
 
 
+def unprivileged(section: Section) -> bool:
+    return section.options.get("unprivileged") in ("1", "true", "yes", "on")
+
+
+def device_number(path: str) -> tuple[str, int, int]:
+    """(b|c, major, minor) of a device node on the node (Tools.pm `get_device_mode_and_rdev`)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise LxcError(f"Device {path} does not exist") from None
+    if not (stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)):
+        raise LxcError(f"{path} is not a device")
+    kind = "b" if stat.S_ISBLK(info.st_mode) else "c"
+    return kind, os.major(info.st_rdev), os.minor(info.st_rdev)
+
+
 def derive_lxc_config(vmid: int, section: Section, node: NodeConfig) -> str:
     ct_dir = node.lxcpath / str(vmid)
     opts = section.options
+    unpriv = unprivileged(section)
+    base = node.shifted_rootfs if unpriv else node.base_rootfs
     lines = [
         f"# derived by the dflash test bed from nodes/{node.node}/lxc/{vmid}.conf at start",
         f"lxc.uts.name = {opts.get('hostname', f'CT{vmid}')}",
-        f"lxc.rootfs.path = overlay:{node.base_rootfs}:{ct_dir / 'delta'}",
+        f"lxc.rootfs.path = overlay:{base}:{ct_dir / 'delta'}",
         "lxc.net.0.type = empty",
         "lxc.apparmor.profile = unconfined",
         "lxc.mount.auto = proc:mixed sys:mixed cgroup:mixed",
@@ -40,30 +85,90 @@ def derive_lxc_config(vmid: int, section: Section, node: NodeConfig) -> str:
         f"lxc.mount.entry = {INIT_STATIC} usr/sbin/init.lxc none bind,ro,create=file 0 0",
         f"lxc.init.cmd = /usr/sbin/init.lxc -n {vmid} -- /bin/sleep infinity",
     ]
+    if unpriv:
+        lines += [f"lxc.idmap = u 0 {ID_SHIFT} 65536", f"lxc.idmap = g 0 {ID_SHIFT} 65536"]
     if opts.get("arch"):
         lines.append(f"lxc.arch = {opts['arch']}")
+    rules = list(DEFAULT_DEVICE_RULES)
     for key in sorted(opts):
         if key.startswith("mp") and key[2:].isdigit():
             mount = parse_property_string(opts[key], "volume")
             source, target = mount["volume"], mount.get("mp", "")
-            if not source.startswith("/") or not target.startswith("/"):
-                raise LxcError(
-                    f"{key}: only bind mount points (absolute node path, mp=/path) are emulated "
-                    f"by the test bed, got {opts[key]!r}"
-                )
+            if not target.startswith("/"):
+                raise LxcError(f"{key}: mount point target must be an absolute path: {opts[key]}")
+            if not source.startswith("/"):  # a storage volume: a folder of the bed
+                source = str(prepare_volume(node, source, unpriv))
             flags = "rbind,create=dir" + (",ro" if mount.get("ro") == "1" else "")
             lines.append(f"lxc.mount.entry = {source} {target.lstrip('/')} none {flags} 0 0")
         elif key.startswith("dev") and key[3:].isdigit():
-            path = parse_property_string(opts[key], "path").get("path", "")
-            if Path(path).exists():
-                lines.append(
-                    f"lxc.mount.entry = {path} {path.lstrip('/')} none bind,create=file 0 0"
-                )
-            else:  # no such device on this node: leave /dev/... absent rather than a plain file
-                lines.append(f"# {key}: {path} does not exist on this node, not passed through")
-    # Raw lxc.* keys go through unchanged, as Proxmox does.
-    lines += [f"{key} = {value}" for key, value in section.lxc]
-    return "\n".join(lines) + "\n"
+            device = parse_property_string(opts[key], "path")
+            path = device.get("path", "")
+            kind, major, minor = device_number(path)
+            rules.append(("allow", f"{kind} {major}:{minor} rw"))
+            lines.append(f"lxc.mount.entry = {path} {path.lstrip('/')} none bind,create=file 0 0")
+    raw = []
+    for key, value in section.lxc:
+        if key in ("lxc.cgroup2.devices.allow", "lxc.cgroup2.devices.deny"):
+            rules.append((key.rsplit(".", 1)[1], value))
+        elif key.startswith("lxc.cgroup."):
+            raw.append(f"# {key} = {value}  (cgroup v1 key: ignored, as on Proxmox VE 8)")
+        elif key.startswith("lxc.cgroup2."):
+            raw.append(f"# {key} = {value}  (not enforceable on this cgroup v1 host)")
+        else:
+            raw.append(f"{key} = {value}")
+    # cgroup2 device rules, enforced here through the v1 devices controller (see above)
+    lines += [f"lxc.cgroup.devices.{verb} = {rule}" for verb, rule in rules]
+    return "\n".join(lines + raw) + "\n"
+
+
+def _chown_tree_root(path: Path, unpriv: bool) -> None:
+    owner = ID_SHIFT if unpriv else 0
+    os.chown(path, owner, owner)
+
+
+def prepare_volume(node: NodeConfig, volume: str, unpriv: bool) -> Path:
+    """A storage volume's folder, created on first use with the container's root as owner."""
+    folder = volume_folder(Path(node.root), volume)
+    if not folder.exists():
+        folder.mkdir(parents=True)
+        _chown_tree_root(folder, unpriv)
+    return folder
+
+
+def _prepare_rootfs(node: NodeConfig, vmid: int, unpriv: bool) -> None:
+    """The overlay's upper and work folders, owned by the container's root; a container whose
+    privilege changed starts over from the base (its files have the other owners)."""
+    ct_dir = node.lxcpath / str(vmid)
+    marker = ct_dir / "owner"
+    owner = str(ID_SHIFT if unpriv else 0)
+    if marker.exists() and marker.read_text() != owner:
+        shutil.rmtree(ct_dir / "delta", ignore_errors=True)
+        shutil.rmtree(ct_dir / "work", ignore_errors=True)
+    for name in ("delta", "work"):
+        (ct_dir / name).mkdir(parents=True, exist_ok=True)
+        _chown_tree_root(ct_dir / name, unpriv)
+    marker.write_text(owner)
+
+
+def debian_warning(node: NodeConfig, vmid: int, section: Section) -> str | None:
+    """LXC/Setup/Debian.pm `new`: the warning for a Debian newer than the tested release."""
+    if section.options.get("ostype", "debian") != "debian":
+        return None
+    relative = "etc/debian_version"
+    upper = node.lxcpath / str(vmid) / "delta" / relative
+    base = Path(node.shifted_rootfs if unprivileged(section) else node.base_rootfs) / relative
+    try:
+        text = (upper if upper.exists() else base).read_text().strip()
+    except OSError:
+        return None
+    match = re.match(r"^(\d+)", text)
+    if match and int(match[1]) >= DEBIAN_MAXIMUM_RELEASE + 1:
+        return (
+            f"The container's Debian version '{match[1]}' is newer than the tested version "
+            f"'{DEBIAN_MAXIMUM_RELEASE}'. While everything may work fine, full compatibility "
+            "cannot be guaranteed. Please check for PVE system updates."
+        )
+    return None
 
 
 def _run(args: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -82,24 +187,30 @@ def info(node: NodeConfig, vmid: int) -> tuple[str, int | None]:
     return "running", int(pid) if pid.isdigit() else None
 
 
-def start(node: NodeConfig, vmid: int, store: ConfigStore) -> None:
+def start(node: NodeConfig, vmid: int, store: ConfigStore, log: TaskLog | None = None) -> None:
+    """LXC.pm `vm_start`; warnings go to the task log (counted), as the prestart hook's do."""
     section = store.load(vmid).current
     ct_dir = node.lxcpath / str(vmid)
-    (ct_dir / "delta").mkdir(parents=True, exist_ok=True)
-    (ct_dir / "config").write_text(derive_lxc_config(vmid, section, node))
-    log = ct_dir / "start.log"
-    done = _run(
-        ["lxc-start", "-n", str(vmid), "-P", str(node.lxcpath), "-d", "-o", str(log), "-l", "ERROR"]
-    )
+    _prepare_rootfs(node, vmid, unprivileged(section))
+    config = derive_lxc_config(vmid, section, node)
+    warning = debian_warning(node, vmid, section)
+    if warning and log is not None:
+        log.warn(warning)
+    (ct_dir / "config").write_text(config)
+    log_file = ct_dir / "start.log"
+    done = _run(["lxc-start", "-n", str(vmid), "-P", str(node.lxcpath), "-d", "-o",
+                 str(log_file), "-l", "ERROR"])  # fmt: skip
     if done.returncode != 0:
-        detail = (done.stderr.strip() + "\n" + _tail(log)).strip()
+        detail = (done.stderr.strip() + "\n" + _tail(log_file)).strip()
         raise LxcError(f"{detail}\nstartup for container '{vmid}' failed")
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if info(node, vmid)[0] == "running":
             return
         time.sleep(0.05)
-    raise LxcError(f"{_tail(log)}\nstartup for container '{vmid}' failed (not running after 10 s)")
+    raise LxcError(
+        f"{_tail(log_file)}\nstartup for container '{vmid}' failed (not running after 10 s)"
+    )
 
 
 def stop(node: NodeConfig, vmid: int, timeout_s: int | None = None) -> None:

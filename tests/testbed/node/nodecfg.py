@@ -16,14 +16,19 @@ CT_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
 
 
 class NodeConfig:
-    """node: the Proxmox node name; root: the bed's folder; base_rootfs: the shared base tree."""
+    """node: the Proxmox node name; root: the bed's folder; base_rootfs: the shared base tree;
+    shifted_rootfs: its copy owned by uid/gid 100000+ (unprivileged containers); api_port: the
+    HTTPS API's port."""
 
-    __slots__ = ("base_rootfs", "node", "root")
+    __slots__ = ("api_port", "base_rootfs", "node", "root", "shifted_rootfs")
 
-    def __init__(self, node: str, root: str, base_rootfs: str) -> None:
+    def __init__(self, node: str, root: str, base_rootfs: str, shifted_rootfs: str = "",
+                 api_port: int = 0) -> None:  # fmt: skip
         self.node = node
         self.root = root
         self.base_rootfs = base_rootfs
+        self.shifted_rootfs = shifted_rootfs
+        self.api_port = api_port
 
     @property
     def etc_pve(self) -> Path:
@@ -50,15 +55,16 @@ class NodeConfig:
         return f"Configuration file 'nodes/{self.node}/lxc/{vmid}.conf' does not exist"
 
     def attach_argv(self, vmid: int, command: list[str]) -> list[str]:
-        """lxc-attach with a clean environment: the node's variables must not leak in."""
+        """lxc-attach with a clean environment, for the bed's own use (tests, not `pct`)."""
         return [
             "lxc-attach", "-n", str(vmid), "-P", str(self.lxcpath), "--clear-env",
             "--set-var", f"PATH={CT_PATH}", "--set-var", "HOME=/root",
             "--set-var", "LANG=C.UTF-8", "--keep-var", "TERM", "--", *command,
         ]  # fmt: skip
 
-    def to_json(self) -> dict[str, str]:
-        return {"node": self.node, "root": self.root, "base_rootfs": self.base_rootfs}
+    def to_json(self) -> dict[str, object]:
+        return {"node": self.node, "root": self.root, "base_rootfs": self.base_rootfs,
+                "shifted_rootfs": self.shifted_rootfs, "api_port": self.api_port}  # fmt: skip
 
     def save(self) -> Path:
         path = Path(self.root) / "node.json"

@@ -1,34 +1,68 @@
-"""The container operations behind both doubles, with Proxmox's error texts.
+"""The container operations behind the doubles (pct, pvesh, the HTTPS API), with Proxmox's rules
+and error texts. Each names the Proxmox code it follows.
 
-Snapshots here are metadata only: a `[name]` section in the config (and `parent:` links), no copy
-of the file system. That is all the deploy tooling reads back; rollback of a file system is not
-emulated.
+Operations that Proxmox runs as a task return a `Task`: its synchronous checks have passed (they
+raise PveError, the API's immediate error) and `run(task, log)` does the work that a worker does
+(raising there ends the task with `TASK ERROR: <message>`).
+
+Snapshots are metadata only: a `[name]` section in the config (and `parent:` links), no copy of
+the file system; rollback of a file system is not emulated.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 
 from . import lxcctl
 from .nodecfg import NodeConfig
-from .pveconf import ConfigMissing, ConfigStore, CtConfig
-from .tasks import run_task
+from .pveconf import ConfigMissing, ConfigStore, CtConfig, parse_property_string
+from .storage import parse_storage_cfg, snapshot_capable
+from .tasks import TaskLog
 
-SNAPNAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9_\-]{1,40}$")
+# pve-common src/PVE/JSONSchema.pm: `pve-configid` ($CONFIGID_RE) and `pve-snapshot-name`.
+CONFIGID = re.compile(r"^[a-z][a-z0-9_-]+$", re.IGNORECASE)
+SNAPNAME_MAX = 40
+# pve-container src/PVE/LXC/Config.pm `$LXC_FASTPLUG_OPTIONS`, plus what
+# `vmconfig_hotplug_pending` changes on a running container (limits and network; the bed
+# enforces neither). Everything else set on a running container waits in [pve:pending].
+HOTPLUG = {"description", "onboot", "startup", "protection", "hostname", "hookscript", "cores",
+           "tags", "lock", "memory", "swap", "cpulimit", "cpuunits"}  # fmt: skip
 
 
 class PveError(RuntimeError):
-    """An error the way Proxmox reports it: the message, and the exit code of the CLI."""
+    """An error the way Proxmox reports it: the message (the CLI prints it; the API sends its
+    first line as the HTTP reason), the CLI's exit code, the HTTP code and per-key errors."""
 
-    def __init__(self, message: str, exit_code: int = 255) -> None:
+    def __init__(self, message: str, exit_code: int = 255, code: int = 500,
+                 errors: dict[str, str] | None = None) -> None:  # fmt: skip
         super().__init__(message)
         self.exit_code = exit_code
+        self.code = code
+        self.errors = errors or {}
 
     @classmethod
     def param(cls, key: str, problem: str) -> PveError:
-        """A failed parameter check, which Proxmox reports with HTTP code 400."""
-        return cls(f"400 Parameter verification failed.\n{key}: {problem}")
+        """pve-common src/PVE/Exception.pm `raise_param_exc`: HTTP 400 with per-key errors."""
+        return cls(f"400 Parameter verification failed.\n{key}: {problem}", code=400,
+                   errors={key: problem})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: str  # the UPID's type: vzstart, vzsnapshot, ...
+    ident: str  # the UPID's id: the VMID
+    op: str  # the Node method that does the work
+    args: tuple[object, ...]
+
+
+def check_snapname(name: str) -> None:
+    """JSONSchema.pm `check_prop`: the format first, then maxLength."""
+    if not CONFIGID.match(name):
+        raise PveError.param("snapname", f"invalid format - invalid configuration ID '{name}'\n")
+    if len(name) > SNAPNAME_MAX:
+        raise PveError.param("snapname", f"value may only be {SNAPNAME_MAX} characters long")
 
 
 class Node:
@@ -36,14 +70,21 @@ class Node:
         self.cfg = cfg
         self.store = ConfigStore(cfg.etc_pve, cfg.node)
 
+    @property
+    def storages(self) -> dict[str, dict[str, str]]:
+        path = self.cfg.etc_pve / "storage.cfg"
+        return parse_storage_cfg(path.read_text() if path.exists() else "")
+
     # --- lookups ---------------------------------------------------------------------------
     def load(self, vmid: int) -> CtConfig:
+        """AbstractConfig.pm `load_config`: a VMID without a config here dies."""
         try:
             return self.store.load(vmid)
         except ConfigMissing as exc:
             raise PveError(str(exc), exit_code=2) from None
 
     def status(self, vmid: int) -> dict[str, object]:
+        """src/PVE/LXC.pm `vmstatus`, the fields the bed knows."""
         conf = self.load(vmid).current
         state, pid = lxcctl.info(self.cfg, vmid)
         data: dict[str, object] = {
@@ -55,12 +96,14 @@ class Node:
             "maxswap": int(conf.options.get("swap", "512")) * 1024 * 1024,
             "cpus": int(conf.options.get("cores", "1")),
             "uptime": self._uptime(vmid) if state == "running" else 0,
+            "template": 0,
             "ha": {"managed": 0},
         }
         if pid:
             data["pid"] = pid
-        if "lock" in conf.options:
-            data["lock"] = conf.options["lock"]
+        for key in ("lock", "tags"):
+            if key in conf.options:
+                data[key] = conf.options[key]
         return data
 
     def _uptime(self, vmid: int) -> int:
@@ -73,27 +116,20 @@ class Node:
     def list(self) -> list[dict[str, object]]:
         return [self.status(vmid) for vmid in self.store.vmids()]
 
-    # --- power -----------------------------------------------------------------------------
-    def start(self, vmid: int) -> str:
-        self.load(vmid)
-        if lxcctl.info(self.cfg, vmid)[0] == "running":
-            raise PveError(f"CT {vmid} already running")
-        return run_task(
-            self.cfg, "vzstart", str(vmid), lambda: lxcctl.start(self.cfg, vmid, self.store)
-        )
-
-    def stop(self, vmid: int, timeout_s: int | None = None) -> str:
-        self.load(vmid)
-        if lxcctl.info(self.cfg, vmid)[0] != "running":
-            raise PveError(f"CT {vmid} not running")
-        kind = "vzstop" if timeout_s is None else "vzshutdown"
-        return run_task(self.cfg, kind, str(vmid), lambda: lxcctl.stop(self.cfg, vmid, timeout_s))
+    def running(self, vmid: int) -> bool:
+        return lxcctl.info(self.cfg, vmid)[0] == "running"
 
     # --- config ----------------------------------------------------------------------------
-    def config(self, vmid: int, snapshot: str | None = None) -> dict[str, object]:
+    def config(self, vmid: int, snapshot: str | None = None, current: bool = False
+               ) -> dict[str, object]:  # fmt: skip
+        """API2/LXC/Config.pm `vm_config`: pending values merged in unless `current`."""
+        if snapshot and current:
+            message = "cannot use 'snapshot' parameter with 'current'"
+            raise PveError("400 Parameter verification failed.", code=400,
+                           errors={"snapshot": message, "current": message})  # fmt: skip
         conf = self.load(vmid)
         if snapshot is None:
-            section = conf.current
+            section = conf.current if current else conf.with_pending()
         elif snapshot in conf.snapshots:
             section = conf.snapshots[snapshot]
         else:
@@ -102,7 +138,15 @@ class Node:
         data["digest"] = self.store.digest_of(vmid)
         return data
 
+    def pending(self, vmid: int) -> list[dict[str, object]]:
+        """API2/LXC.pm `vm_pending`."""
+        return self.load(vmid).pending_array()
+
     def set_config(self, vmid: int, values: dict[str, str], delete: list[str]) -> None:
+        """API2/LXC/Config.pm `update_vm` -> LXC/Config.pm `update_pct_config`: changes go to
+        [pve:pending]; a stopped container takes them at once (`vmconfig_apply_pending`), a
+        running one only what can be hotplugged (`vmconfig_hotplug_pending`). The bed does not
+        hotplug new mount points (Proxmox does): they wait for the next start."""
         for key in [*values, *delete]:
             if key.startswith("lxc"):
                 raise PveError.param(
@@ -112,13 +156,89 @@ class Node:
                 )
         with self.store.locked(vmid):
             conf = self.load(vmid)
-            conf.current.options.update(values)
+            live = self.running(vmid)
+            for key, value in values.items():
+                if live and key not in HOTPLUG and not key.startswith("net"):
+                    conf.pending.options[key] = value
+                else:
+                    conf.current.options[key] = value
+                    conf.pending.options.pop(key, None)
+            pending_delete = conf.pending_delete()
             for key in delete:
-                conf.current.options.pop(key, None)
+                if live and key not in HOTPLUG and not key.startswith("net"):
+                    pending_delete.append(key)
+                else:
+                    conf.current.options.pop(key, None)
+            if pending_delete:
+                conf.pending.options["delete"] = ",".join(dict.fromkeys(pending_delete))
             self.store.write(vmid, conf)
 
-    # --- snapshots -------------------------------------------------------------------------
+    def apply_pending(self, vmid: int) -> None:
+        """LXC/Config.pm `vmconfig_apply_pending`, which `vm_start` runs first."""
+        with self.store.locked(vmid):
+            conf = self.load(vmid)
+            if not conf.pending.options:
+                return
+            for key in conf.pending_delete():
+                conf.current.options.pop(key, None)
+            conf.pending.options.pop("delete", None)
+            conf.current.options.update(conf.pending.options)
+            conf.pending.options.clear()
+            self.store.write(vmid, conf)
+
+    def feature(self, vmid: int, feature: str, snapname: str | None = None
+                ) -> dict[str, object]:  # fmt: skip
+        """API2/LXC.pm `vm_feature` -> LXC/Config.pm `has_feature` (snapshot only)."""
+        if feature not in ("snapshot", "clone", "copy"):
+            raise PveError.param("feature", f"value '{feature}' does not have a value in the "
+                                 "enumeration 'snapshot, clone, copy'")  # fmt: skip
+        conf = self.load(vmid)
+        section = conf.current
+        if snapname:
+            if snapname not in conf.snapshots:
+                raise PveError(f"snapshot '{snapname}' does not exist")
+            section = conf.snapshots[snapname]
+        volumes = self.volumes(section.options)
+        capable = feature == "snapshot" and all(
+            snapshot_capable(self.storages, volume) for volume in volumes.values()
+        )
+        return {"hasFeature": 1 if capable else 0}
+
+    @staticmethod
+    def volumes(options: dict[str, str]) -> dict[str, str]:
+        """LXC/Config.pm `foreach_volume`: rootfs and every mpN -> its volume (or path)."""
+        found = {}
+        for key in sorted(options):
+            if key == "rootfs" or re.fullmatch(r"mp\d+", key):
+                found[key] = parse_property_string(options[key], "volume")["volume"]
+        return found
+
+    # --- tasks: power ----------------------------------------------------------------------
+    def start(self, vmid: int) -> Task:
+        """API2/LXC/Status.pm `vm_start`."""
+        self.load(vmid)
+        if self.running(vmid):
+            raise PveError(f"CT {vmid} already running")
+        return Task("vzstart", str(vmid), "do_start", (vmid,))
+
+    def do_start(self, log: TaskLog, vmid: int) -> None:
+        self.apply_pending(vmid)
+        lxcctl.start(self.cfg, vmid, self.store, log)
+
+    def stop(self, vmid: int, timeout_s: int | None = None) -> Task:
+        """API2/LXC/Status.pm `vm_stop` / `vm_shutdown`."""
+        self.load(vmid)
+        if not self.running(vmid):
+            raise PveError(f"CT {vmid} not running")
+        kind = "vzstop" if timeout_s is None else "vzshutdown"
+        return Task(kind, str(vmid), "do_stop", (vmid, timeout_s))
+
+    def do_stop(self, log: TaskLog, vmid: int, timeout_s: int | None) -> None:
+        lxcctl.stop(self.cfg, vmid, timeout_s)
+
+    # --- tasks: snapshots ------------------------------------------------------------------
     def snapshots(self, vmid: int) -> list[dict[str, object]]:
+        """API2/LXC/Snapshot.pm `list`: every snapshot, then `current`."""
         conf = self.load(vmid)
         result: list[dict[str, object]] = []
         for name, section in conf.snapshots.items():
@@ -133,52 +253,60 @@ class Node:
         current: dict[str, object] = {
             "name": "current",
             "description": "You are here!",
-            "running": 1 if lxcctl.info(self.cfg, vmid)[0] == "running" else 0,
+            "running": 1 if self.running(vmid) else 0,
         }
         if conf.current.options.get("parent"):
             current["parent"] = conf.current.options["parent"]
         result.append(current)
         return result
 
-    def snapshot(self, vmid: int, name: str, description: str = "") -> str:
-        if not SNAPNAME.match(name):
-            raise PveError.param("snapname", f"invalid format - invalid configuration ID '{name}'")
+    def snapshot(self, vmid: int, name: str, description: str = "") -> Task:
+        """API2/LXC/Snapshot.pm `snapshot`: the schema check of `snapname`, then the reserved
+        names; the rest happens in the worker."""
+        check_snapname(name)
+        if name in ("current", "vzdump"):
+            raise PveError(f"unable to use snapshot name '{name}' (reserved name)")
         self.load(vmid)
+        return Task("vzsnapshot", str(vmid), "do_snapshot", (vmid, name, description))
 
-        def work() -> None:
-            with self.store.locked(vmid):
-                conf = self.load(vmid)
-                if name in conf.snapshots or name == "current":
-                    raise PveError(f"snapshot name '{name}' already used")
-                if "lock" in conf.current.options:
-                    raise PveError(f"CT is locked ({conf.current.options['lock']})")
-                snap = conf.current.copy()
-                snap.options["snaptime"] = str(int(time.time()))
-                snap.description = description
-                conf.snapshots[name] = snap
-                conf.current.options["parent"] = name
-                self.store.write(vmid, conf)
+    def do_snapshot(self, log: TaskLog, vmid: int, name: str, description: str) -> None:
+        """AbstractConfig.pm `snapshot_create` -> `__snapshot_prepare`, `__snapshot_commit`."""
+        with self.store.locked(vmid):
+            conf = self.load(vmid)
+            if "lock" in conf.current.options:
+                raise PveError(f"CT is locked ({conf.current.options['lock']})")
+            if name in conf.snapshots:
+                raise PveError(f"snapshot name '{name}' already used")
+            if not self.feature(vmid, "snapshot")["hasFeature"]:
+                raise PveError("snapshot feature is not available")
+            snap = conf.current.copy()
+            snap.options["snaptime"] = str(int(time.time()))
+            snap.description = description
+            conf.snapshots[name] = snap
+            conf.current.options["parent"] = name
+            self.store.write(vmid, conf)
 
-        return run_task(self.cfg, "vzsnapshot", str(vmid), work)
-
-    def delete_snapshot(self, vmid: int, name: str) -> str:
+    def delete_snapshot(self, vmid: int, name: str) -> Task:
+        """API2/LXC/Snapshot.pm `delsnapshot`."""
         conf = self.load(vmid)
         if name not in conf.snapshots:
             raise PveError(f"snapshot '{name}' does not exist")
+        return Task("vzdelsnapshot", str(vmid), "do_delete_snapshot", (vmid, name))
 
-        def work() -> None:
-            with self.store.locked(vmid):
-                conf = self.load(vmid)
-                if name not in conf.snapshots:
-                    raise PveError(f"snapshot '{name}' does not exist")
-                gone = conf.snapshots.pop(name)
-                # children of the removed snapshot now hang off its parent
-                for section in [conf.current, *conf.snapshots.values()]:
-                    if section.options.get("parent") == name:
-                        if gone.options.get("parent"):
-                            section.options["parent"] = gone.options["parent"]
-                        else:
-                            section.options.pop("parent")
-                self.store.write(vmid, conf)
+    def do_delete_snapshot(self, log: TaskLog, vmid: int, name: str) -> None:
+        with self.store.locked(vmid):
+            conf = self.load(vmid)
+            if name not in conf.snapshots:
+                raise PveError(f"snapshot '{name}' does not exist")
+            gone = conf.snapshots.pop(name)
+            # children of the removed snapshot now hang off its parent
+            for section in [conf.current, *conf.snapshots.values()]:
+                if section.options.get("parent") == name:
+                    if gone.options.get("parent"):
+                        section.options["parent"] = gone.options["parent"]
+                    else:
+                        section.options.pop("parent")
+            self.store.write(vmid, conf)
 
-        return run_task(self.cfg, "vzdelsnapshot", str(vmid), work)
+    def run(self, task: Task, log: TaskLog) -> None:
+        getattr(self, task.op)(log, *task.args)

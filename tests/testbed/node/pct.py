@@ -1,10 +1,12 @@
 """`pct` test double: Proxmox's container CLI over real LXC (see lxcctl.py for the differences).
 
-Forms: `pct exec VMID [--] CMD...`, `pct status VMID [--verbose 1]`, `pct start|stop|shutdown
-VMID`, `pct config VMID [--snapshot NAME]`, `pct list`, `pct snapshot VMID NAME [--description
-TEXT]`, `pct delsnapshot VMID NAME`, `pct listsnapshot VMID`. Output formats, error texts and exit
+Forms: `pct exec VMID [--keep-env 0|1] [--] CMD...`, `pct status VMID [--verbose 1]`,
+`pct start|stop|shutdown VMID`, `pct config VMID [--snapshot NAME] [--current 1]`, `pct list`,
+`pct snapshot VMID NAME [--description TEXT]`, `pct delsnapshot VMID NAME`,
+`pct listsnapshot VMID` (pve-container src/PVE/CLI/pct.pm). Output formats, error texts and exit
 codes follow Proxmox's (an unknown VMID: "Configuration file 'nodes/<node>/lxc/<vmid>.conf' does
-not exist", exit 2). Every invocation is appended to the node's trace file.
+not exist", exit 2). Tasks run in the foreground, as the CLI's do. Every invocation is appended
+to the node's trace file.
 """
 
 from __future__ import annotations
@@ -14,16 +16,18 @@ import sys
 
 from . import trace
 from .cli import EXIT_DIE, EXIT_ENOENT, check_vmid, die, split_options
-from .nodecfg import NodeConfig
+from .nodecfg import CT_PATH, ENV_VAR, NodeConfig
 
 TYPE_CHECKING = False  # not from typing: see cli.py
 if TYPE_CHECKING:
-    from .ops import Node
+    from .ops import Node, Task
 
+# pct.pm `clean_environment` drops these; the others are the double's own (the shim's).
+NOT_PASSED = {"SSL_CERT_FILE", "SSL_CERT_DIR", ENV_VAR, "PYTHONPATH"}
 COMMANDS = ("config", "delsnapshot", "exec", "list", "listsnapshot", "shutdown", "snapshot",
             "start", "status", "stop")  # fmt: skip
 USAGE = {
-    "exec": "pct exec <vmid> [<extra-args>]",
+    "exec": "pct exec <vmid> [<extra-args>] [OPTIONS]",
     "status": "pct status <vmid> [OPTIONS]",
     "start": "pct start <vmid> [OPTIONS]",
     "stop": "pct stop <vmid> [OPTIONS]",
@@ -41,16 +45,19 @@ def _usage_all() -> str:
     )
 
 
-def _upid_exit(node: Node, upid: str) -> int:
-    """Like Proxmox's CLI: the worker ran in the foreground; exit 0 only when it ended OK."""
-    from .tasks import read_task
+def _run_task(node: Node, task: Task) -> int:
+    """pct.pm's `$upid_exit`: the worker runs in the foreground, its output on stdout; exit 255
+    when it ended with an error (printed on stderr), 0 after OK or WARNINGS."""
+    from .tasks import run
 
-    task = read_task(node.cfg, upid) or {}
-    status = str(task.get("exitstatus", ""))
-    if status != "OK":
-        log = [str(line) for line in task.get("log", [status])]  # type: ignore[attr-defined]
-        sys.stderr.write("".join(f"{line}\n" for line in log if not line.startswith("TASK ")))
+    _, final = run(node.cfg, task.kind, task.ident, "root@pam",
+                   lambda log: node.run(task, log), echo=True)  # fmt: skip
+    sys.stdout.flush()
+    if final.startswith("TASK ERROR: "):
+        sys.stderr.write(final[len("TASK ERROR: ") :] + "\n")
         return EXIT_DIE
+    if final.startswith("TASK WARNINGS: "):
+        sys.stderr.write(f"Task finished with {final.split()[-1]} warning(s)!\n")
     return 0
 
 
@@ -82,18 +89,37 @@ def _print_snapshot_tree(rows: list[dict[str, object]]) -> None:
 
 
 def _exec(cfg: NodeConfig, argv: list[str]) -> int:
-    """`pct exec VMID [--] CMD...`: the hot path of every Ansible task, kept to few imports."""
+    """`pct exec VMID [--keep-env 0|1] [--] CMD...`, the hot path of every Ansible task, kept to
+    few imports. pve-container src/PVE/CLI/pct.pm `exec`: the container must exist and run;
+    `--keep-env` defaults to 1 on PVE 8, so the caller's environment (an SSH session's LANG,
+    SSH_*, proxy variables) reaches the command, less SSL_CERT_FILE/SSL_CERT_DIR
+    (`clean_environment`); PATH is what PVE::CLIHandler sets."""
     vmid_arg = argv[1] if len(argv) > 1 else None
     trace.record(cfg, "pct", argv, "exec", vmid_arg)
     vmid = check_vmid(vmid_arg, USAGE["exec"])
+    rest = argv[2:]
+    keep_env = True
+    while rest and rest[0].lstrip("-").split("=")[0] == "keep-env":
+        value = rest[0].partition("=")[2] or (rest[1] if len(rest) > 1 else "")
+        rest = rest[1:] if "=" in rest[0] else rest[2:]
+        keep_env = value not in ("0", "false", "no", "off")
+    command = rest[1:] if rest[:1] == ["--"] else rest
     if not cfg.conf_path(vmid).is_file():
         die(cfg.missing_message(vmid), EXIT_ENOENT)
-    rest = argv[2:]
-    command = rest[1:] if rest[:1] == ["--"] else rest
+    import subprocess
+
+    state = subprocess.run(["lxc-info", "-n", str(vmid), "-P", str(cfg.lxcpath), "-s"],
+                           capture_output=True, text=True, check=False).stdout  # fmt: skip
+    if "RUNNING" not in state:
+        die(f"container '{vmid}' not running!")
     if not command:
         die("missing command")
+    env = {k: v for k, v in os.environ.items() if k not in NOT_PASSED}
+    env["PATH"] = CT_PATH
+    flag = "--keep-env" if keep_env else "--clear-env"
     # Proxmox execs lxc-attach too: its exit code, stdout and stderr are the command's.
-    os.execvp("lxc-attach", cfg.attach_argv(vmid, command))
+    os.execvpe("lxc-attach", ["lxc-attach", "-n", str(vmid), "-P", str(cfg.lxcpath), flag,
+                              "--", *command], env)  # fmt: skip
 
 
 def run(argv: list[str]) -> int:
@@ -124,22 +150,23 @@ def run(argv: list[str]) -> int:
                 print(f"status: {data['status']}")
             return 0
         if cmd == "start":
-            return _upid_exit(node, node.start(vmid))
+            return _run_task(node, node.start(vmid))
         if cmd == "stop":
-            return _upid_exit(node, node.stop(vmid))
+            return _run_task(node, node.stop(vmid))
         if cmd == "shutdown":
-            return _upid_exit(node, node.stop(vmid, int(options.get("timeout", ["60"])[-1])))
+            return _run_task(node, node.stop(vmid, int(options.get("timeout", ["60"])[-1])))
         if cmd == "config":
-            _print_config(node.config(vmid, options.get("snapshot", [None])[-1]))
+            current = options.get("current", ["0"])[-1] in ("1", "true", "yes")
+            _print_config(node.config(vmid, options.get("snapshot", [None])[-1], current))
             return 0
         if cmd in ("snapshot", "delsnapshot"):
             if len(positional) < 2:
                 die(f"400 not enough arguments\n{USAGE[cmd]}")
             if cmd == "snapshot":
-                upid = node.snapshot(vmid, positional[1], options.get("description", [""])[-1])
+                task = node.snapshot(vmid, positional[1], options.get("description", [""])[-1])
             else:
-                upid = node.delete_snapshot(vmid, positional[1])
-            return _upid_exit(node, upid)
+                task = node.delete_snapshot(vmid, positional[1])
+            return _run_task(node, task)
         if cmd == "listsnapshot":
             _print_snapshot_tree(node.snapshots(vmid))
             return 0

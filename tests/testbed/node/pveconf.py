@@ -1,8 +1,10 @@
 """Proxmox container configs (`/etc/pve/nodes/<node>/lxc/<vmid>.conf`): parse and write.
 
-The format, as Proxmox writes it: `#` lines first (the description), then `key: value` lines
-with unique keys in sorted order, then raw `lxc.*` lines (repeatable, order kept); each snapshot
-follows as a `[name]` section holding a copy of the config at that time plus `snaptime`.
+The format, as Proxmox writes it (pve-container src/PVE/LXC/Config.pm `parse_pct_config`,
+`write_pct_config`): `#` lines first (the description), then `key: value` lines with unique keys
+in sorted order, then raw `lxc.*` lines (repeatable, order kept); changes not yet applied follow
+in a `[pve:pending]` section (with `delete: key,...` for pending removals); each snapshot follows
+as a `[name]` section holding a copy of the config at that time plus `snaptime`.
 """
 
 from __future__ import annotations
@@ -61,6 +63,37 @@ class Section:
 class CtConfig:
     current: Section = field(default_factory=Section)
     snapshots: dict[str, Section] = field(default_factory=dict)
+    pending: Section = field(default_factory=Section)
+
+    def pending_delete(self) -> list[str]:
+        return [k for k in self.pending.options.get("delete", "").split(",") if k]
+
+    def with_pending(self) -> Section:
+        """What `GET .../config` returns without `current=1`: pending values merged in
+        (pve-guest-common src/PVE/AbstractConfig.pm `load_current_config`)."""
+        merged = self.current.copy()
+        merged.options.update({k: v for k, v in self.pending.options.items() if k != "delete"})
+        for key in self.pending_delete():
+            merged.options.pop(key, None)
+        return merged
+
+    def pending_array(self) -> list[dict[str, object]]:
+        """`GET .../pending` (pve-guest-common src/PVE/GuestHelpers.pm
+        `config_with_pending_array`): one item per key, with `pending` and `delete` marks."""
+        pending = {k: v for k, v in self.pending.options.items() if k != "delete"}
+        deleted = set(self.pending_delete())
+        items: list[dict[str, object]] = []
+        for key, value in self.current.options.items():
+            item: dict[str, object] = {"key": key, "value": value}
+            if key in pending:
+                item["pending"] = pending.pop(key)
+            if key in deleted:
+                item["delete"] = 1
+                deleted.discard(key)
+            items.append(item)
+        items += [{"key": key, "pending": value} for key, value in pending.items()]
+        items += [{"key": key, "delete": 1} for key in sorted(deleted)]
+        return items
 
 
 def parse(text: str) -> CtConfig:
@@ -70,7 +103,9 @@ def parse(text: str) -> CtConfig:
         line = raw.rstrip()
         if not line:
             continue
-        if line.startswith("[") and line.endswith("]"):
+        if line.lower() == "[pve:pending]":
+            section = conf.pending
+        elif line.startswith("[") and line.endswith("]"):
             section = conf.snapshots.setdefault(line[1:-1], Section())
         elif line.startswith("#"):
             # Proxmox stores the description url-encoded, one `#` line per line
@@ -97,6 +132,8 @@ def _format_section(section: Section) -> str:
 
 def format_config(conf: CtConfig) -> str:
     out = _format_section(conf.current)
+    if conf.pending.options:
+        out += "\n[pve:pending]\n" + _format_section(conf.pending)
     for name in sorted(conf.snapshots):
         out += f"\n[{name}]\n" + _format_section(conf.snapshots[name])
     return out
