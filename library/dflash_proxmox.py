@@ -1,70 +1,69 @@
 #!/usr/bin/python
-# Preflight of one Proxmox LXC container through the Proxmox API (proxmoxer), run on the
-# controller: it exists, it runs (started when asked), its config passes the GPUs through and
-# has the mount points, and an optional snapshot before deploying, with retention.
+# Read-only check of one Proxmox LXC container through the Proxmox API, run on the controller
+# before anything of a deploy changes: it exists for this token, it runs (started when asked),
+# what it runs with passes the GPUs through and has the mount points, and whether a snapshot
+# is possible. Snapshots themselves are dflash_proxmox_snapshot's.
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
 module: dflash_proxmox
-short_description: Check (and prepare) a Proxmox LXC container before a deploy
+short_description: Check a Proxmox LXC container before a deploy (and start it when asked)
 description:
   - Runs on the controller (C(delegate_to) V(localhost)), once per container, and talks to the
-    Proxmox API with proxmoxer, either over HTTPS with an API token or over SSH to the node
-    (proxmoxer's C(ssh_paramiko) or C(openssh) backend, which run C(pvesh) on the node).
-  - Checks that the container exists on the node, that it runs (starting it when
-    O(start_if_stopped) is true, with a bounded wait), that its config passes the requested
-    GPUs through (C(devN) entries, or C(lxc.mount.entry) lines with a C(c 195:*) cgroup rule),
-    with C(/dev/nvidiactl) and C(/dev/nvidia-uvm) as well, and that the expected mount points
-    exist.
-  - Optionally takes a snapshot before the deploy and deletes the oldest snapshots this module
-    made beyond O(snapshot.retain). Snapshots of other origins are never touched.
-  - All config problems are reported together, and before anything is changed.
-  - Reports C(changed) only when it started the container or took or deleted a snapshot. In
-    check mode it reports what it would do, and does nothing.
+    Proxmox API over HTTPS with an API token (proxmoxer).
+  - Reads the config the running container has (C(current=1)) and, separately, its pending
+    changes (set while it runs, applied at its next start); a GPU or mount point that is only
+    pending is named as such. Pending changes are also returned and shown as a warning.
+  - Checks that the container is visible to the token on the node, that it runs (starting it
+    when O(start_if_stopped) is true, with a bounded wait; a start task that ends with
+    C(WARNINGS) counts as started), that its config passes the GPUs through (C(devN) entries,
+    or C(lxc.mount.entry) lines with a C(lxc.cgroup2.devices.allow) rule for the device
+    number read from the node's /proc/devices, O(proc_devices); C(lxc.cgroup.*) rules are
+    named as ignored, as Proxmox VE 8 runs cgroup v2), and that the expected mount points exist.
+  - Says whether Proxmox would take a snapshot of it and, when not, why (a bind or device
+    mount point, a storage without snapshots) and the fix; with O(snapshot) set that is an
+    error, as is a snapshot name longer than Proxmox's 40 characters or a token that may not
+    take snapshots.
+  - All problems are reported together, before anything is changed.
+  - Reports C(changed) only when it started the container. In check mode it says it would.
+attributes:
+  check_mode:
+    support: full
+    description: Reads only; a start that would happen is reported as changed.
 options:
   api_host:
-    description: Host name or address of the Proxmox node (API or SSH).
+    description: Host name or address of the Proxmox node's API.
     type: str
     required: true
   api_port:
-    description: Port of the API (HTTPS, default 8006) or of the node's SSH server (default 22).
+    description: Port of the API.
     type: int
-  backend:
-    description:
-      - How to reach the API. V(https) uses an API token; V(ssh_paramiko) and V(openssh) log in
-        to the node over SSH and run C(pvesh) there (the SSH user needs to be root or allowed
-        to run pvesh).
-      - V(openssh) needs the Python package openssh_wrapper; V(https) needs requests.
-    type: str
-    choices: [https, ssh_paramiko, openssh]
-    default: https
+    default: 8006
   api_user:
-    description:
-      - For V(https), the Proxmox user owning the token (default V(root@pam); a O(api_token_id)
-        of the form C(user@realm!name) sets it too). For the SSH backends, the login user
-        (default V(root)).
+    description: The Proxmox user owning the token, for example V(dflash@pve).
     type: str
+    required: true
   api_token_id:
     description:
-      - Name of the API token (HTTPS), or C(user@realm!name).
+      - Name of the API token (without the user), for example V(deploy).
       - Defaults to the environment variable E(PROXMOX_TOKEN_ID).
     type: str
+    required: true
   api_token_secret:
     description:
-      - Secret of the API token (HTTPS). Never logged.
+      - Secret of the API token. Never logged.
       - Defaults to the environment variable E(PROXMOX_TOKEN_SECRET).
     type: str
-  verify_ssl:
-    description: Verify the API's TLS certificate (HTTPS).
+    required: true
+  validate_certs:
+    description:
+      - Verify the API's TLS certificate. A node's own CA is trusted through the
+        E(REQUESTS_CA_BUNDLE) environment variable (the role sets it from
+        C(proxmox_api_ca_file)).
     type: bool
     default: true
-  ssh_private_key_file:
-    description:
-      - Private key for the SSH backends. The ssh_paramiko backend accepts any host key
-        (proxmoxer's choice); use HTTPS with O(verify_ssl) where that matters.
-    type: path
-  timeout:
+  api_timeout:
     description: Seconds to wait for the connection and for each API call.
     type: int
     default: 10
@@ -79,12 +78,11 @@ options:
   start_if_stopped:
     description:
       - Start the container when it is stopped, then wait (bounded by O(start_timeout)) for
-        the start task and for the status C(running). When false, a stopped container is an
-        error that names the fix.
+        the start task. When false, a stopped container is an error that names the fix.
     type: bool
     default: false
   start_timeout:
-    description: Seconds to wait for a start (task and status) or a snapshot task.
+    description: Seconds to wait for the start task.
     type: int
     default: 60
   gpus:
@@ -94,6 +92,12 @@ options:
     type: list
     elements: int
     default: []
+  proc_devices:
+    description:
+      - The node kernel's /proc/devices (a container reads the node's), for the device numbers
+        the cgroup2 rules of C(lxc.mount.entry)-passed GPUs must allow. Without it those
+        rules are not checked.
+    type: str
   mounts:
     description: Mount points the container must have (an C(mpN) with C(mp=) that path).
     type: list
@@ -108,20 +112,18 @@ options:
         description: When set, the node-side source the mount point must use.
         type: str
   snapshot:
-    description: Take a snapshot before the deploy. Omit for none.
+    description:
+      - The snapshot the deploy will take (dflash_proxmox_snapshot), checked here. Omit for none.
     type: dict
     suboptions:
       name_prefix:
         description:
-          - Snapshot names are C(<name_prefix>-<UTC YYYYmmddHHMMSS>). Only snapshots named so
-            count for retention. Letters, digits, C(-) and C(_), starting with a letter, at
-            most 25 characters (Proxmox allows 40 for the whole name).
+          - Snapshot names are C(<name_prefix>-<UTC YYYYmmddHHMMSS>), at most 40 characters
+            in all (Proxmox's limit), so the prefix has at most 25.
         type: str
         default: dflash-predeploy
       retain:
-        description:
-          - How many of these snapshots to keep, the new one included; older ones are deleted.
-            Must be at least 1 (0 would delete the snapshot just taken).
+        description: How many of these snapshots to keep, the new one included (at least 1).
         type: int
         default: 3
       description:
@@ -130,36 +132,24 @@ options:
         default: taken by dflash-deploy before a deploy
 requirements:
   - proxmoxer >= 2.0
-  - paramiko (ssh_paramiko backend), openssh_wrapper (openssh backend), requests (https backend)
-notes:
-  - Supports check mode.
+  - requests
 author: dflash-deploy
 """
 
 EXAMPLES = r"""
-- name: The container is ready for a deploy (token from PROXMOX_TOKEN_ID/_SECRET)
+- name: The container is ready for a deploy (token secret from PROXMOX_TOKEN_SECRET)
   dflash_proxmox:
     api_host: pve1.example.org
+    api_user: dflash@pve
+    api_token_id: deploy
     node: pve1
     vmid: "{{ proxmox_vmid }}"
     start_if_stopped: true
     gpus: [0, 1]
     mounts:
       - path: /mnt/wheelhouse
-    snapshot:
-      name_prefix: dflash-predeploy
-      retain: 3
-  delegate_to: localhost
-
-- name: The same over SSH to the node (pvesh), as the loopback test bed does
-  dflash_proxmox:
-    backend: ssh_paramiko
-    api_host: 127.0.0.1
-    api_port: 2222
-    api_user: root
-    ssh_private_key_file: ~/.ssh/proxmox_root
-    node: pve
-    vmid: 200
+  environment:
+    REQUESTS_CA_BUNDLE: /etc/dflash/pve-root-ca.pem
   delegate_to: localhost
 """
 
@@ -182,18 +172,21 @@ started:
   type: bool
   returned: success
 config:
-  description: >
-    Summary of the container's config: C(hostname), C(arch), C(memory), C(cores),
-    C(unprivileged), C(gpus) (GPU indexes passed through, with how), C(devices) (all device
-    paths passed through), C(mounts) (container path -> key, source, read_only).
+  description: >-
+    Summary of the config the container runs with (current=1): C(hostname), C(arch),
+    C(memory), C(cores), C(unprivileged), C(rootfs), C(gpus) (index -> config line),
+    C(devices), C(mounts) (container path -> key, source, read_only).
   type: dict
   returned: success
+pending:
+  description: Pending changes (C(key), C(value) now, C(pending) value, C(delete) when it goes).
+  type: list
+  elements: dict
+  returned: success
 snapshot:
-  description: >
-    C(created) (name or null), C(removed) (names), C(kept) (names of this module's snapshots
-    left after retention). In check mode, what would be created and removed.
+  description: C(possible) (whether Proxmox would take a snapshot) and C(reason) when not.
   type: dict
-  returned: when snapshot is set
+  returned: success
 actions:
   description: What the module did (or would do, in check mode), one line each.
   type: list
@@ -203,492 +196,243 @@ actions:
 
 import importlib.util
 import re
-import time
-import traceback
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.dflash_proxmox import (
+    PROXMOXER_ERROR,
+    ProxmoxError,
+    auth_argument_spec,
+    call,
+    token_name,
+    wait_task,
+)
+from ansible.module_utils.dflash_proxmox import connect as api_connect
+from ansible.module_utils.dflash_proxmox_config import (
+    char_majors,
+    gpu_problems,
+    mount_problems,
+    snapshot_blockers,
+    summarize,
+)
 
-try:
-    from proxmoxer import ProxmoxAPI, ResourceException
-
-    PROXMOXER_ERROR = None
-except ImportError:
-    ProxmoxAPI = None
-    ResourceException = Exception
-    PROXMOXER_ERROR = traceback.format_exc()
-
-# Python packages each proxmoxer backend imports; proxmoxer itself calls sys.exit() when they
-# are missing, so they are checked first.
-BACKEND_NEEDS = {"https": "requests", "ssh_paramiko": "paramiko", "openssh": "openssh_wrapper"}
-NVIDIA_MAJOR = 195  # /dev/nvidiaK and /dev/nvidiactl; nvidia-uvm's major is dynamic
-SNAP_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,24}$")
-SNAP_STAMP = "%Y%m%d%H%M%S"
-
-
-class PreflightError(Exception):
-    """A failure with a message that says what was expected, what was found and the fix."""
-
-
-# --- connection ---------------------------------------------------------------------------
-def connect(params: dict[str, Any]) -> Any:
-    backend = params["backend"]
-    host, port, timeout = params["api_host"], params["api_port"], params["timeout"]
-    if backend == "https":
-        token_id, secret = params["api_token_id"], params["api_token_secret"]
-        user = params["api_user"] or "root@pam"
-        if "!" in token_id:
-            user, token_id = token_id.split("!", 1)
-        kwargs = {
-            "user": user,
-            "token_name": token_id,
-            "token_value": secret,
-            "verify_ssl": params["verify_ssl"],
-            "timeout": timeout,
-        }
-        where = f"https://{host}:{port or 8006}"
-    else:
-        user = params["api_user"] or "root"
-        kwargs = {"user": user, "port": port or 22, "timeout": timeout}
-        key = params["ssh_private_key_file"]
-        if key:
-            kwargs["private_key_file" if backend == "ssh_paramiko" else "identity_file"] = key
-        where = f"ssh {user}@{host}:{port or 22}"
-    if port and backend == "https":
-        kwargs["port"] = port
-    try:
-        api = ProxmoxAPI(host, backend=backend, **kwargs)
-    except Exception as exc:
-        raise PreflightError(
-            f"cannot reach the Proxmox API of node {params['node']} at {where} "
-            f"(backend {backend}): {exc or type(exc).__name__}"
-        ) from exc
-    return api
+SNAP_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+SNAP_NAME_MAX = 40  # pve-common JSONSchema.pm `pve-snapshot-name`: maxLength 40
+STAMP_LEN = len("-YYYYmmddHHMMSS")
 
 
-def call(what: str, func: Any, *args: Any, **kwargs: Any) -> Any:
-    """One API call; an API error becomes a PreflightError that says which call failed."""
-    try:
-        return func(*args, **kwargs)
-    except ResourceException as exc:
-        detail = str(getattr(exc, "content", "") or exc).strip()
-        raise PreflightError(f"{what} failed: {detail}") from exc
-    except Exception as exc:  # transport errors (SSH channel, TLS, refused, timeouts)
-        raise PreflightError(
-            f"{what} failed: cannot reach the Proxmox API ({exc or type(exc).__name__}); check "
-            "api_host/api_port and that the node is up"
-        ) from exc
-
-
-# --- what the container is ----------------------------------------------------------------
-def find_container(api: Any, node: str, vmid: int) -> dict[str, Any]:
-    try:
-        containers = api.nodes(node).lxc.get()
-    except ResourceException as exc:
-        known = [n.get("node") for n in call("listing the cluster's nodes", api.nodes.get)]
-        if node not in known:
-            raise PreflightError(
-                f"node {node!r} is not known to the Proxmox API (nodes: "
-                f"{', '.join(map(str, known)) or 'none'}); set node to the one that holds "
-                f"container {vmid}"
-            ) from exc
-        raise PreflightError(f"listing the containers of node {node} failed: {exc}") from exc
-    except Exception as exc:  # the first call: a refused or broken connection shows here
-        raise PreflightError(
-            f"listing the containers of node {node} failed: cannot reach the Proxmox API "
-            f"({exc}); check api_host/api_port and that the node is up"
-        ) from exc
-    by_id = {int(c["vmid"]): c for c in containers}
-    if vmid not in by_id:
-        present = ", ".join(str(v) for v in sorted(by_id)) or "none"
-        raise PreflightError(
-            f"container {vmid} does not exist on node {node} (containers there: {present}); "
-            "check the host's proxmox_vmid and node"
-        )
-    return by_id[vmid]
-
-
-def lxc_entries(config: dict[str, Any]) -> list[tuple[str, str]]:
-    """Raw `lxc.*` lines: the API returns them as [key, value] pairs under `lxc`."""
-    raw = config.get("lxc") or []
-    return [(str(k), str(v)) for k, v in raw]
-
-
-def property_string(value: str, first: str) -> dict[str, str]:
-    """`/src,mp=/dst,ro=1` -> {first: '/src', 'mp': '/dst', 'ro': '1'}."""
-    result: dict[str, str] = {}
-    for index, part in enumerate(str(value).split(",")):
-        key, sep, val = part.partition("=")
-        if sep:
-            result[key.strip()] = val.strip()
-        elif index == 0:
-            result[first] = part.strip()
-    return result
-
-
-def passed_devices(config: dict[str, Any]) -> dict[str, str]:
-    """Device path -> the config line that passes it (`devN` or `lxc.mount.entry`)."""
-    devices: dict[str, str] = {}
-    for key, value in config.items():
-        if re.fullmatch(r"dev\d+", key):
-            path = property_string(value, "path").get("path", "")
-            devices[path] = f"{key}: {value}"
-    for key, value in lxc_entries(config):
-        if key == "lxc.mount.entry":
-            source = value.split()[0] if value.split() else ""
-            if source.startswith("/dev/"):
-                devices.setdefault(source, f"{key}: {value}")
-    return devices
-
-
-def cgroup_allows(config: dict[str, Any], major: int, minor: int) -> bool:
-    """Whether a `lxc.cgroup[2].devices.allow` rule lets the container use char device M:m."""
-    for key, value in lxc_entries(config):
-        if key not in ("lxc.cgroup2.devices.allow", "lxc.cgroup.devices.allow"):
-            continue
-        match = re.fullmatch(r"([abc])\s+(\*|\d+):(\*|\d+)\s*([rwm]*)", value.strip())
-        if not match or match[1] not in ("a", "c"):
-            continue
-        if match[2] in ("*", str(major)) and match[3] in ("*", str(minor)):
-            return True
-    return False
-
-
-def gpu_problems(config: dict[str, Any], vmid: int, gpus: list[int]) -> list[str]:
-    if not gpus:
-        return []
-    devices = passed_devices(config)
-    wanted = [(f"/dev/nvidia{k}", f"GPU {k}", k) for k in gpus]
-    wanted += [
-        ("/dev/nvidiactl", "the NVIDIA control device", 255),
-        ("/dev/nvidia-uvm", "the NVIDIA UVM device", None),
-    ]
-    problems = []
-    next_dev = _next_index(config, "dev")
-    for path, what, minor in wanted:
-        line = devices.get(path)
-        if line is None:
-            problems.append(
-                f"{what} ({path}) is not passed through to container {vmid}; add "
-                f"'dev{next_dev}: {path}' to its config (pct set {vmid} -dev{next_dev} {path})"
-            )
-            next_dev += 1
-        elif (
-            line.startswith("lxc.")
-            and minor is not None
-            and not cgroup_allows(config, NVIDIA_MAJOR, minor)
-        ):
-            problems.append(
-                f"{what} ({path}) is mounted into container {vmid} ('{line}') but no "
-                f"cgroup rule allows it; add 'lxc.cgroup2.devices.allow: c "
-                f"{NVIDIA_MAJOR}:* rwm' to /etc/pve/lxc/{vmid}.conf"
-            )
-    return problems
-
-
-def mount_points(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Container path -> {key, source, read_only} for every mpN (and lxc bind mount)."""
-    found: dict[str, dict[str, Any]] = {}
-    for key in sorted(config):
-        if re.fullmatch(r"mp\d+", key):
-            mount = property_string(config[key], "volume")
-            if mount.get("mp"):
-                found[mount["mp"].rstrip("/") or "/"] = {
-                    "key": key,
-                    "source": mount.get("volume", ""),
-                    "read_only": mount.get("ro") in ("1", "true", "yes", "on"),
-                }
-    for key, value in lxc_entries(config):
-        words = value.split()
-        if key == "lxc.mount.entry" and len(words) >= 4 and "bind" in words[3]:
-            target = "/" + words[1].strip("/")
-            found.setdefault(
-                target, {"key": key, "source": words[0], "read_only": "ro" in words[3].split(",")}
-            )
-    return found
-
-
-def mount_problems(config: dict[str, Any], vmid: int, mounts: list[dict[str, Any]]) -> list[str]:
-    found = mount_points(config)
-    problems = []
-    next_mp = _next_index(config, "mp")
-    for wanted in mounts:
-        path = "/" + wanted["path"].strip("/")
-        have = found.get(path)
-        source = wanted.get("source")
-        if have is None:
-            example = source or "/path/on/node"
-            problems.append(
-                f"container {vmid} has no mount point at {path}; add one, e.g. "
-                f"'mp{next_mp}: {example},mp={path}' (pct set {vmid} -mp{next_mp} "
-                f"{example},mp={path})"
-            )
-            next_mp += 1
-        elif source and have["source"].rstrip("/") != source.rstrip("/"):
-            problems.append(
-                f"mount point {path} of container {vmid} comes from {have['source']} "
-                f"({have['key']}), expected {source}"
-            )
-    return problems
-
-
-def _next_index(config: dict[str, Any], prefix: str) -> int:
-    used = [int(k[len(prefix) :]) for k in config if re.fullmatch(rf"{prefix}\d+", k)]
-    return max(used, default=-1) + 1
-
-
-def summarize(config: dict[str, Any], gpus: list[int]) -> dict[str, Any]:
-    devices = passed_devices(config)
-    return {
-        "hostname": config.get("hostname"),
-        "arch": config.get("arch"),
-        "memory": config.get("memory"),
-        "cores": config.get("cores"),
-        "unprivileged": bool(int(config.get("unprivileged") or 0)),
-        "gpus": {
-            str(k): devices[f"/dev/nvidia{k}"]
-            for k in sorted({*gpus, *_gpu_indexes(devices)})
-            if f"/dev/nvidia{k}" in devices
-        },
-        "devices": sorted(devices),
-        "mounts": mount_points(config),
-    }
-
-
-def _gpu_indexes(devices: dict[str, str]) -> list[int]:
-    return [int(m[1]) for d in devices if (m := re.fullmatch(r"/dev/nvidia(\d+)", d))]
-
-
-# --- changing things ----------------------------------------------------------------------
-def wait_task(api: Any, node: str, upid: str, timeout: int, what: str) -> None:
-    """Bounded wait for a task to stop; it must end with exit status OK."""
-    deadline = time.monotonic() + timeout
-    while True:
-        task = call(f"reading the task of {what}", api.nodes(node).tasks(upid).status.get)
-        if task.get("status") == "stopped":
-            if task.get("exitstatus") != "OK":
-                raise PreflightError(
-                    f"{what} failed: task {upid} ended with {task.get('exitstatus')!r}"
-                )
-            return
-        if time.monotonic() >= deadline:
-            raise PreflightError(f"{what}: task {upid} still running after {timeout} s")
-        time.sleep(0.5)
-
-
-def start_container(api: Any, node: str, vmid: int, timeout: int) -> str:
-    ct = api.nodes(node).lxc(vmid)
-    upid = call(f"starting container {vmid}", ct.status.start.post)
-    began = time.monotonic()
-    wait_task(api, node, str(upid), timeout, f"starting container {vmid}")
-    status = "unknown"
-    while time.monotonic() - began < timeout:
-        status = call(f"reading the status of container {vmid}", ct.status.current.get)["status"]
-        if status == "running":
-            return status
-        time.sleep(0.5)
-    raise PreflightError(
-        f"container {vmid} did not reach status 'running' within {timeout} s after its start "
-        f"task (status: {status}); see its log on node {node} (pct start {vmid} --debug)"
-    )
-
-
-def snapshot_plan(
-    snapshots: list[dict[str, Any]], prefix: str, retain: int, now: float
-) -> tuple[str, list[str], list[str]]:
-    """(name to create, names to delete after it, names kept) for this module's snapshots."""
-    ours_re = re.compile(rf"^{re.escape(prefix)}-\d{{14}}(?:-\d+)?$")
-    ours = sorted(
-        (s for s in snapshots if s.get("name") != "current" and ours_re.match(str(s["name"]))),
-        key=lambda s: (int(s.get("snaptime") or 0), str(s["name"])),
-    )
-    taken = {str(s["name"]) for s in snapshots}
-    name = f"{prefix}-{time.strftime(SNAP_STAMP, time.gmtime(now))}"
-    suffix = 2
-    while name in taken:  # two deploys within one second
-        name = f"{prefix}-{time.strftime(SNAP_STAMP, time.gmtime(now))}-{suffix}"
-        suffix += 1
-    order = [str(s["name"]) for s in ours] + [name]
-    remove = order[: max(0, len(order) - retain)]
-    return name, remove, [n for n in order if n not in remove]
-
-
-def take_snapshot(
-    api: Any,
-    node: str,
-    vmid: int,
-    spec: dict[str, Any],
-    timeout: int,
-    result: dict[str, Any],
-    check_mode: bool,
-) -> None:
-    """Snapshot, then retention; `result` records each step as it completes."""
-    ct = api.nodes(node).lxc(vmid)
-    existing = call(f"listing the snapshots of container {vmid}", ct.snapshot.get)
-    name, remove, kept = snapshot_plan(existing, spec["name_prefix"], spec["retain"], time.time())
-    done: dict[str, Any] = {"created": None, "removed": [], "kept": kept}
-    result["snapshot"] = done
-    if check_mode:
-        done.update(created=name, removed=remove)
-        result["actions"].append(f"would take snapshot {name}")
-        result["actions"] += [f"would delete snapshot {old} (retention)" for old in remove]
-        return
-    upid = call(
-        f"snapshot {name} of container {vmid}",
-        ct.snapshot.post,
-        snapname=name,
-        description=spec["description"],
-    )
-    wait_task(api, node, str(upid), timeout, f"snapshot {name} of container {vmid}")
-    done["created"] = name
-    result["actions"].append(f"took snapshot {name}")
-    for old in remove:
-        upid = call(f"deleting snapshot {old} of container {vmid}", ct.snapshot(old).delete)
-        wait_task(api, node, str(upid), timeout, f"deleting snapshot {old}")
-        done["removed"].append(old)
-        result["actions"].append(f"deleted snapshot {old} (retention)")
-
-
-# --- the module ---------------------------------------------------------------------------
 def validate(params: dict[str, Any]) -> None:
     """Input errors, found before any call: nothing is changed when one is found."""
-    spec = params["snapshot"]
+    vmid, spec = params["vmid"], params["snapshot"]
     if spec is not None:
-        if spec["retain"] < 1:
-            raise PreflightError(
-                f"snapshot.retain is {spec['retain']}: it must be at least 1, or the snapshot "
-                "just taken would be deleted at once (omit snapshot to take none); nothing was "
-                "changed"
+        prefix = spec["name_prefix"]
+        example = f"{prefix}-20260101120000"
+        if not SNAP_PREFIX.match(prefix):
+            raise ProxmoxError(
+                f"dflash_proxmox_snapshot.name_prefix {prefix!r} (container {vmid}) is not "
+                "usable in a Proxmox snapshot name: letters, digits, '-' and '_', starting with "
+                "a letter; nothing was changed"
             )
-        if not SNAP_PREFIX.match(spec["name_prefix"]):
-            raise PreflightError(
-                f"snapshot.name_prefix {spec['name_prefix']!r} is not usable in a Proxmox "
-                "snapshot name: letters, digits, '-' and '_', starting with a letter, at most "
-                "25 characters; nothing was changed"
+        if len(example) > SNAP_NAME_MAX:
+            raise ProxmoxError(
+                f"the snapshot names of container {vmid} would be {len(example)} characters "
+                f"('{example}'), and Proxmox allows at most {SNAP_NAME_MAX}: shorten "
+                f"dflash_proxmox_snapshot.name_prefix to at most {SNAP_NAME_MAX - STAMP_LEN} "
+                "characters; nothing was changed"
+            )
+        if spec["retain"] < 1:
+            raise ProxmoxError(
+                f"dflash_proxmox_snapshot.retain is {spec['retain']} (container {vmid}): it "
+                "must be at least 1, or the snapshot just taken would be deleted at once (use "
+                "dflash_proxmox_snapshot: {} for none); nothing was changed"
             )
     for gpu in params["gpus"]:
         if gpu < 0:
-            raise PreflightError(f"gpus: {gpu} is not a GPU index (0, 1, ...)")
-    if params["start_timeout"] < 1 or params["timeout"] < 1:
-        raise PreflightError("start_timeout and timeout must be at least 1 second")
-    if params["backend"] == "https" and not (params["api_token_id"] and params["api_token_secret"]):
-        raise PreflightError(
-            "the https backend needs an API token: set api_token_id and api_token_secret "
-            "(or PROXMOX_TOKEN_ID and PROXMOX_TOKEN_SECRET in the environment)"
+            raise ProxmoxError(f"gpus: {gpu} is not a GPU index (0, 1, ...)")
+    if params["start_timeout"] < 1 or params["api_timeout"] < 1:
+        raise ProxmoxError("start_timeout and api_timeout must be at least 1 second")
+
+
+def find_container(api: Any, params: dict[str, Any]) -> None:
+    """The container must be in the token's list of the node's containers: with privilege
+    separation a token sees only those its own ACL lets it audit (API2/LXC.pm `vmlist`)."""
+    node, vmid, token = params["node"], params["vmid"], token_name(params)
+    try:
+        containers = api.nodes(node).lxc.get()
+    except Exception as exc:
+        known = [n.get("node") for n in call("listing the nodes", api.nodes.get, token=token)]
+        if node not in known:
+            raise ProxmoxError(
+                f"node {node!r} is not known to the Proxmox API (nodes: "
+                f"{', '.join(map(str, known)) or 'none'}); set proxmox_node to the one that "
+                f"holds container {vmid}"
+            ) from exc
+        raise ProxmoxError(f"listing the containers of node {node} failed: {exc}") from exc
+    seen = sorted(int(c["vmid"]) for c in containers)
+    if vmid not in seen:
+        raise ProxmoxError(
+            f"container {vmid} is not among the containers that token {token} sees on node "
+            f"{node} ({', '.join(map(str, seen)) or 'none'}): it does not exist there, or the "
+            f"token lacks VM.Audit on /vms/{vmid}; check proxmox_vmid and proxmox_node, or "
+            f"grant it: pveum acl modify /vms/{vmid} --tokens '{token}' --roles PVEVMAdmin"
         )
 
 
-def preflight(params: dict[str, Any], result: dict[str, Any], check_mode: bool) -> None:
-    """All checks first, then the changes; `result` holds what was done so far."""
-    node, vmid = params["node"], params["vmid"]
-    api = connect(params)
-    find_container(api, node, vmid)
+def privileges(api: Any, params: dict[str, Any]) -> set[str]:
+    """The token's own privileges on the container (GET /access/permissions?path=...)."""
+    path = f"/vms/{params['vmid']}"
+    found = call(
+        f"reading the privileges of token {token_name(params)}",
+        api.access.permissions.get,
+        path=path,
+        token=token_name(params),
+    )
+    return set((found or {}).get(path, {}))
+
+
+def check(api: Any, params: dict[str, Any], result: dict[str, Any]) -> list[str]:
+    """Read what the container has; return every problem (nothing changed yet)."""
+    node, vmid, token = params["node"], params["vmid"], token_name(params)
     ct = api.nodes(node).lxc(vmid)
-    config = call(f"reading the config of container {vmid}", ct.config.get)
-    status = call(f"reading the status of container {vmid}", ct.status.current.get)["status"]
-    result["status"] = status
-    result["config"] = summarize(config, params["gpus"])
-    problems = gpu_problems(config, vmid, params["gpus"])
-    problems += mount_problems(config, vmid, params["mounts"])
+    config = call(f"reading the config of container {vmid}", ct.config.get, current=1, token=token)
+    status = call(f"reading the status of container {vmid}", ct.status.current.get, token=token)[
+        "status"
+    ]
+    pending = call(f"reading the pending changes of container {vmid}", ct.pending.get, token=token)
+    changes = [item for item in pending if "pending" in item or item.get("delete")]
+    later = {item["key"]: item["pending"] for item in changes if "pending" in item}
+    feature = call(
+        f"checking the snapshot feature of container {vmid}",
+        ct.feature.get,
+        feature="snapshot",
+        token=token,
+    )
+    possible = bool(int(feature.get("hasFeature") or 0))
+    result.update(
+        status=status,
+        config=summarize(config, params["gpus"]),
+        pending=changes,
+        snapshot={
+            "possible": possible,
+            "reason": None if possible else snapshot_blockers(config, vmid),
+        },
+    )
+    majors = char_majors(params["proc_devices"]) if params["proc_devices"] is not None else None
+    problems = gpu_problems(config, later, vmid, params["gpus"], majors)
+    problems += mount_problems(config, later, vmid, params["mounts"])
+    needed = []
+    if params["snapshot"] is not None:
+        if not possible:
+            problems.append(
+                f"container {vmid} cannot be snapshotted: {result['snapshot']['reason']}"
+            )
+        needed.append(("VM.Snapshot", "take snapshots of", "PVEVMAdmin"))
     if status != "running" and not params["start_if_stopped"]:
         problems.append(
             f"container {vmid} on node {node} is {status}; start it (pct start {vmid}) or set "
-            "start_if_stopped: true"
+            "dflash_proxmox_start_if_stopped: true"
         )
+    elif status != "running":
+        needed.append(("VM.PowerMgmt", "start", "PVEVMUser"))
+    have = privileges(api, params) if needed else set()
+    for priv, verb, role in needed:
+        if priv not in have:
+            problems.append(
+                f"token {token} may not {verb} container {vmid} (no {priv} on /vms/{vmid}); "
+                f"grant it: pveum acl modify /vms/{vmid} --tokens '{token}' --roles {role}"
+            )
+    return problems
+
+
+def start(api: Any, params: dict[str, Any], result: dict[str, Any]) -> None:
+    node, vmid, token = params["node"], params["vmid"], token_name(params)
+    what = f"starting container {vmid} on node {node}"
+    upid = call(what, api.nodes(node).lxc(vmid).status.start.post, token=token)
+    try:
+        ended = wait_task(api, node, str(upid), params["start_timeout"], what, token)
+    except ProxmoxError as exc:
+        device = re.search(r"Device (/dev/\S+) does not exist", str(exc))
+        if device:
+            raise ProxmoxError(
+                f"{exc}: node {node} has no {device[1]}, and Proxmox starts no container whose "
+                f"devN names a device the node lacks; load its driver on the node, or remove "
+                f"the entry (pct set {vmid} -delete devN)"
+            ) from exc
+        raise
+    result["status"] = "running"
+    note = "" if ended == "OK" else f"; its task ended with {ended}"
+    result["actions"].append(f"started container {vmid} (it was stopped{note})")
+
+
+def run(module: AnsibleModule, result: dict[str, Any]) -> None:
+    params = module.params
+    api = api_connect(params)
+    find_container(api, params)
+    problems = check(api, params, result)
     if problems:
         count = f"{len(problems)} problems" if len(problems) > 1 else "1 problem"
-        raise PreflightError(
-            f"container {vmid} on node {node} is not ready ({count}): " + "; ".join(problems)
+        raise ProxmoxError(
+            f"container {params['vmid']} on node {params['node']} is not ready ({count}): "
+            + "; ".join(problems)
         )
-    if status != "running":
+    if result["pending"]:
+        keys = ", ".join(f"{c['key']}: {c.get('pending', '(delete)')}" for c in result["pending"])
+        module.warn(
+            f"container {params['vmid']} has pending changes, applied only at its next "
+            f"start: {keys}"
+        )
+    if result["status"] != "running":
         result["started"] = True
-        if check_mode:
-            result["actions"].append(f"would start container {vmid} (it is {status})")
+        if module.check_mode:
+            result["actions"].append(f"would start container {params['vmid']} (it is stopped)")
         else:
-            result["status"] = start_container(api, node, vmid, params["start_timeout"])
-            result["actions"].append(f"started container {vmid} (it was {status})")
-    if params["snapshot"] is not None:
-        take_snapshot(
-            api, node, vmid, params["snapshot"], params["start_timeout"], result, check_mode
-        )
+            start(api, params, result)
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "api_host": {"type": "str", "required": True},
-            "api_port": {"type": "int"},
-            "backend": {
-                "type": "str",
-                "default": "https",
-                "choices": ["https", "ssh_paramiko", "openssh"],
-            },
-            "api_user": {"type": "str"},
-            "api_token_id": {
-                "type": "str",
-                "no_log": False,
-                "fallback": (env_fallback, ["PROXMOX_TOKEN_ID"]),
-            },
-            "api_token_secret": {
-                "type": "str",
-                "no_log": True,
-                "fallback": (env_fallback, ["PROXMOX_TOKEN_SECRET"]),
-            },
-            "verify_ssl": {"type": "bool", "default": True},
-            "ssh_private_key_file": {"type": "path"},
-            "timeout": {"type": "int", "default": 10},
-            "node": {"type": "str", "required": True},
-            "vmid": {"type": "int", "required": True},
-            "start_if_stopped": {"type": "bool", "default": False},
-            "start_timeout": {"type": "int", "default": 60},
-            "gpus": {"type": "list", "elements": "int", "default": []},
-            "mounts": {
-                "type": "list",
-                "elements": "dict",
-                "default": [],
-                "options": {
-                    "path": {"type": "str", "required": True},
-                    "source": {"type": "str"},
-                },
-            },
-            "snapshot": {
-                "type": "dict",
-                "options": {
-                    "name_prefix": {"type": "str", "default": "dflash-predeploy"},
-                    "retain": {"type": "int", "default": 3},
-                    "description": {
-                        "type": "str",
-                        "default": "taken by dflash-deploy before a deploy",
-                    },
-                },
+    spec = auth_argument_spec()
+    spec.update(
+        node={"type": "str", "required": True},
+        vmid={"type": "int", "required": True},
+        start_if_stopped={"type": "bool", "default": False},
+        start_timeout={"type": "int", "default": 60},
+        gpus={"type": "list", "elements": "int", "default": []},
+        proc_devices={"type": "str"},
+        mounts={
+            "type": "list",
+            "elements": "dict",
+            "default": [],
+            "options": {"path": {"type": "str", "required": True}, "source": {"type": "str"}},
+        },
+        snapshot={
+            "type": "dict",
+            "options": {
+                "name_prefix": {"type": "str", "default": "dflash-predeploy"},
+                "retain": {"type": "int", "default": 3},
+                "description": {"type": "str", "default": "taken by dflash-deploy before a deploy"},
             },
         },
-        supports_check_mode=True,
     )
-    params = module.params
+    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
     result: dict[str, Any] = {
-        "vmid": params["vmid"],
-        "node": params["node"],
+        "vmid": module.params["vmid"],
+        "node": module.params["node"],
         "started": False,
         "actions": [],
     }
     try:
-        validate(params)  # input errors first: they are the user's to fix, whatever is installed
-    except PreflightError as exc:
+        validate(module.params)  # the user's to fix, whatever is installed
+    except ProxmoxError as exc:
         module.fail_json(msg=str(exc), changed=False, **result)
     if PROXMOXER_ERROR is not None:
-        module.fail_json(msg=missing_required_lib("proxmoxer"), exception=PROXMOXER_ERROR, **result)
-    needed = BACKEND_NEEDS[params["backend"]]
-    if importlib.util.find_spec(needed) is None:
-        reason = f"the {params['backend']} backend"
-        module.fail_json(msg=missing_required_lib(needed, reason=reason), **result)
+        module.fail_json(msg=missing_required_lib("proxmoxer"), exception=PROXMOXER_ERROR)
+    if importlib.util.find_spec("requests") is None:
+        module.fail_json(msg=missing_required_lib("requests", reason="the Proxmox API (HTTPS)"))
     try:
-        preflight(params, result, module.check_mode)
-    except PreflightError as exc:
-        # changed tells the truth also on failure: a start or snapshot may have happened
-        result["changed"] = bool(result["actions"]) and not module.check_mode
-        module.fail_json(msg=str(exc), **result)
-    result["changed"] = bool(result["actions"])
+        run(module, result)
+    except ProxmoxError as exc:
+        module.fail_json(msg=str(exc), changed=False, **result)
+    result["changed"] = result["started"]
     module.exit_json(**result)
 
 

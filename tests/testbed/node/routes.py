@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from . import tasks
-from .access import UserConfig, check
+from .access import ROLES, UserConfig, check
 from .ops import Node, PveError, Task
 
 ROOT = "root@pam"
@@ -295,3 +295,19 @@ def _task_log(req: Request) -> object:
     limit = int(req.opt("limit", "50") or 50)
     total, lines = tasks.log_lines(req.node.cfg, req.params["upid"], start, limit)
     return Paged(lines, total)
+
+
+@route("get", "/access/permissions")
+def _permissions(req: Request) -> object:
+    """pve-access-control src/PVE/API2/AccessControl.pm `permissions`: one's own privileges
+    (privilege -> propagate flag; the bed reports 1)."""
+    userid = req.opt("userid") or req.user
+    owned = userid == req.user or userid.split("!")[0] == req.user
+    if not owned and (message := req.denied("/access", ["Sys.Audit"])):
+        raise PveError(message, code=403)
+    path = req.opt("path")
+    if req.access is None:
+        privs = set(ROLES["Administrator"])
+    else:
+        privs = req.access.permissions(userid, path or "/")
+    return {path or "/": dict.fromkeys(sorted(privs), 1)}

@@ -1,0 +1,48 @@
+# Credentials never reach history.jsonl or a report: a lock's index URLs lose their user:password
+# part before the lock is recorded; a rollback that rebuilds an env from such a lock gets them
+# back from the inventory's lock when it names the same index.
+from __future__ import annotations
+
+import copy
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+REDACTED = "REDACTED"
+URL_KEYS = ("index_url", "extra_index_url")
+
+
+def redact_url(url: str) -> str:
+    """`https://user:secret@host/simple` -> `https://REDACTED@host/simple`."""
+    parts = urlsplit(str(url))
+    if parts.username is None and parts.password is None:
+        return str(url)
+    host = parts.hostname or ""
+    netloc = f"{REDACTED}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def redact_lock(lock: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not isinstance(lock, dict):
+        return lock
+    clean = copy.deepcopy(lock)
+    source = clean.get("source") or {}
+    for key in URL_KEYS:
+        if source.get(key):
+            source[key] = redact_url(source[key])
+    return clean
+
+
+def unredact_lock(recorded: dict[str, Any] | None, inventory: dict[str, Any] | None
+                  ) -> dict[str, Any] | None:  # fmt: skip
+    """The recorded lock, with the inventory lock's source when that is the same source with
+    its credentials (lock ids leave the source out, so the env is the same)."""
+    if not isinstance(recorded, dict) or not isinstance(inventory, dict):
+        return recorded
+    if redact_lock(inventory).get("source") == recorded.get("source") != inventory.get("source"):
+        return {**recorded, "source": inventory["source"]}
+    return recorded
+
+
+class FilterModule:
+    def filters(self) -> dict:
+        return {"dflash_redact_lock": redact_lock, "dflash_unredact_lock": unredact_lock}
