@@ -13,16 +13,18 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 
-# The module's connection arguments, from the variables the bed's inventory sets.
+# The modules' connection arguments, from the variables the bed's inventory sets (its HTTPS
+# API, the privilege-separated token); the node's CA is trusted through REQUESTS_CA_BUNDLE.
 PROXMOX_API_ARGS = {
-    "backend": "{{ proxmox_api_backend }}",
     "api_host": "{{ proxmox_api_host }}",
     "api_port": "{{ proxmox_api_port }}",
     "api_user": "{{ proxmox_api_user }}",
-    "ssh_private_key_file": "{{ proxmox_api_private_key_file }}",
+    "api_token_id": "{{ proxmox_api_token_id }}",
+    "api_token_secret": "{{ proxmox_api_token_secret }}",
     "node": "{{ proxmox_node }}",
     "vmid": "{{ proxmox_vmid }}",
 }
+CA_ENV = {"REQUESTS_CA_BUNDLE": "{{ proxmox_api_ca_file }}"}
 
 
 @dataclass
@@ -45,22 +47,27 @@ class PlayRun:
 
 
 def run_playbook(
-    plays: list[dict[str, Any]], inventory: Path, workdir: Path, check: bool = False
+    plays: list[dict[str, Any]],
+    inventory: Path | str,
+    workdir: Path,
+    check: bool = False,
+    env: dict[str, str] | None = None,
 ) -> PlayRun:
     playbook = workdir / "playbook.yml"
     playbook.write_text(json.dumps(plays, indent=1))  # JSON is YAML
-    env = dict(os.environ)
-    env.update(
+    environment = dict(os.environ)
+    environment.update(
         ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),  # the repo's settings, library/ included
         ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_LOCAL_TEMP=str(workdir / "ansible-tmp"),
+        **(env or {}),
     )
     cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), str(playbook)]
     if check:
         cmd.append("--check")
     proc = subprocess.run(
-        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False
+        cmd, cwd=REPO, env=environment, capture_output=True, text=True, timeout=300, check=False
     )
     try:
         output = json.loads(proc.stdout)
@@ -70,16 +77,18 @@ def run_playbook(
     return PlayRun(proc.returncode, output, proc.stderr)
 
 
-def preflight_play(args: dict[str, Any], name: str = "preflight") -> dict[str, Any]:
-    """A play running dflash_proxmox once per container, on the controller."""
+def module_play(args: dict[str, Any], module: str = "dflash_proxmox") -> dict[str, Any]:
+    """A play running one of the Proxmox modules once per container, on the controller; the
+    task is named after the module. Failures are kept for the test to read, not raised."""
     return {
-        "name": "dflash_proxmox over the test bed",
+        "name": f"{module} over the test bed",
         "hosts": "all",
         "gather_facts": False,
         "tasks": [
             {
-                "name": name,
-                "dflash_proxmox": {**PROXMOX_API_ARGS, **args},
+                "name": module,
+                module: {**PROXMOX_API_ARGS, **args},
+                "environment": CA_ENV,
                 "delegate_to": "localhost",
                 "ignore_errors": True,
             }

@@ -9,9 +9,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from proxmoxer import ProxmoxAPI
 
 from tests.helpers import PlaybookRun, run_playbook
-from tests.testbed.bed import Testbed
+from tests.testbed.bed import API_TOKEN, API_USER, Testbed
 
 # Importing the fixture registers it here (pytest_plugins is allowed only in the top conftest).
 from tests.testbed.pytest_plugin import proxmox_testbed  # noqa: F401
@@ -22,6 +23,20 @@ def bed(proxmox_testbed: Testbed) -> Iterator[Testbed]:  # noqa: F811 - the fixt
     """The session's bed with every container at its default config and running."""
     proxmox_testbed.reset()
     yield proxmox_testbed
+
+
+def https_api(bed: Testbed, token: str = API_TOKEN) -> ProxmoxAPI:
+    """proxmoxer over the bed's HTTPS API with one of its tokens, trusting the bed's CA."""
+    api = ProxmoxAPI(bed.host, port=bed.api_port, user=API_USER, token_name=token,
+                     token_value=bed.token_secret(token), verify_ssl=str(bed.ca_file),
+                     timeout=10)  # fmt: skip
+    return api
+
+
+@pytest.fixture
+def api(bed: Testbed) -> ProxmoxAPI:
+    """The bed's API as the inventory's privilege-separated token `dflash@pve!deploy`."""
+    return https_api(bed)
 
 
 SEED_ROOT = "/opt/dflash-seed"

@@ -1,132 +1,256 @@
-"""library/dflash_proxmox.py through real ansible-playbook runs: proxmoxer's ssh backend against
-the node's sshd and `pvesh` double, one module run per container, delegated to the controller."""
+"""library/dflash_proxmox.py (the check) and dflash_proxmox_snapshot.py through real
+ansible-playbook runs: proxmoxer over the node's HTTPS API with the privilege-separated token,
+one module run per container, delegated to the controller. Every refusal is checked to come
+before any change: no POST/PUT/DELETE reached the API."""
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from pathlib import Path
 
 import pytest
+from proxmoxer import ProxmoxAPI
 
-from tests.testbed.bed import Testbed
+from tests.testbed.bed import API_USER, Testbed
 from tests.testbed.node.pveconf import Section
 from tests.testbed.sshd import free_port
 
-from .ansible_run import PlayRun, preflight_play, run_playbook
+from .ansible_run import PlayRun, module_play, run_playbook
 
 pytestmark = pytest.mark.testbed
 
 WHEELHOUSE = [{"path": "/mnt/wheelhouse"}]
+# A node with the NVIDIA driver loaded, as its /proc/devices reads (nvidia-uvm's major varies).
+NVIDIA_PROC_DEVICES = "Character devices:\n  1 mem\n195 nvidia\n508 nvidia-uvm\n"
 
 
 def run(
-    bed: Testbed, tmp_path: Path, args: dict, check: bool = False, **inventory: object
+    bed: Testbed,
+    tmp_path: Path,
+    args: dict,
+    module: str = "dflash_proxmox",
+    check: bool = False,
+    env: dict | None = None,
+    **inventory: object,
 ) -> dict[str, dict]:
     result: PlayRun = run_playbook(
-        [preflight_play(args)],
-        bed.inventory(**inventory),
-        tmp_path,
-        check=check,  # type: ignore[arg-type]
-    )
-    return {host: res for host, res in result.results("preflight").items()}
+        [module_play(args, module)], bed.inventory(**inventory), tmp_path, check=check, env=env
+    )  # type: ignore[arg-type]
+    return result.results(module)
 
 
-def changes(bed: Testbed, since: int) -> list[list[str]]:
-    """pvesh calls that change something (create/set/delete) since the mark."""
-    return [e["argv"] for e in bed.trace(since, tool="pvesh") if e["subcommand"] != "get"]
+def changes(bed: Testbed, since: int) -> list[str]:
+    """API calls that change something (POST/PUT/DELETE) since the mark."""
+    return [
+        f"{e['subcommand']} {e['path']}" for e in bed.api_calls(since) if e["subcommand"] != "get"
+    ]
 
 
-def test_ready_container_passes_and_an_unknown_vmid_fails(bed: Testbed, tmp_path: Path) -> None:
+def test_ready_container_passes_and_an_invisible_vmid_fails(bed: Testbed, tmp_path: Path) -> None:
     first, second = bed.vmids[:2]
     mark = bed.trace_mark()
     results = run(bed, tmp_path, {"mounts": WHEELHOUSE}, host_vars={second: {"proxmox_vmid": 999}})
     ok, unknown = results[bed.hostname(first)], results[bed.hostname(second)]
     assert not ok.get("failed"), ok
     assert ok["changed"] is False and ok["status"] == "running" and ok["started"] is False
+    assert ok["config"]["unprivileged"] is True and ok["pending"] == []
     assert ok["config"]["mounts"]["/mnt/wheelhouse"] == {
-        "key": "mp0", "source": str(bed.wheelhouse), "read_only": True,
-    }  # fmt: skip
-    assert ok["config"]["hostname"] == f"ct{first}" and ok["config"]["gpus"] == {}
+        "key": "mp0",
+        "source": str(bed.wheelhouse),
+        "read_only": True,
+    }
+    # said before any change: the wheelhouse bind mount rules out a snapshot, and the fix
+    assert ok["snapshot"]["possible"] is False
+    assert ok["snapshot"]["reason"].startswith(f"mount point mp0 ({bed.wheelhouse},mp=/mnt/")
     assert unknown["failed"] is True
     assert unknown["msg"] == (
-        f"container 999 does not exist on node {bed.node} (containers there: "
-        f"{', '.join(map(str, bed.vmids))}); check the host's proxmox_vmid and node"
+        f"container 999 is not among the containers that token {API_USER}!deploy sees on node "
+        f"{bed.node} ({', '.join(map(str, bed.vmids))}): it does not exist there, or the token "
+        "lacks VM.Audit on /vms/999; check proxmox_vmid and proxmox_node, or grant it: pveum acl "
+        f"modify /vms/999 --tokens '{API_USER}!deploy' --roles PVEVMAdmin"
     )
+    assert changes(bed, mark) == []
+    # the config read is current=1 (what the container runs with), over the token's HTTPS
+    reads = {e["path"]: e["argv"] for e in bed.api_calls(mark)}
+    assert "current" in reads[f"/nodes/{bed.node}/lxc/{first}/config"]
+
+
+def test_token_without_vm_audit_sees_no_container_and_is_told_the_fix(
+    bed: Testbed, tmp_path: Path
+) -> None:
+    first, second = bed.vmids[:2]
+    bed.add_token("one", {f"/vms/{first}": "PVEVMAdmin"})  # privilege separated: first only
+    mark = bed.trace_mark()
+    results = run(
+        bed,
+        tmp_path,
+        {},
+        group_vars={
+            "proxmox_api_token_id": "one",
+            "proxmox_api_token_secret": bed.token_secret("one"),
+        },
+    )
+    assert not results[bed.hostname(first)].get("failed"), results[bed.hostname(first)]
+    refused = results[bed.hostname(second)]
+    assert refused["failed"] is True
+    # the list this token gets is filtered to what it may audit
+    assert refused["msg"].startswith(
+        f"container {second} is not among the containers that token {API_USER}!one sees on "
+        f"node {bed.node} ({first}): it does not exist there, or the token lacks VM.Audit on "
+        f"/vms/{second};"
+    )
+    assert f"pveum acl modify /vms/{second} --tokens '{API_USER}!one'" in refused["msg"]
     assert changes(bed, mark) == []
 
 
-def test_stopped_container_is_started_only_when_asked(bed: Testbed, tmp_path: Path) -> None:
-    first, second = bed.vmids[:2]
-    bed.stop_container(first)
-    bed.stop_container(second)
-    results = run(
-        bed, tmp_path, {"start_if_stopped": "{{ start_it }}", "start_timeout": 20},
-        host_vars={first: {"start_it": True}, second: {"start_it": False}},
-    )  # fmt: skip
-    started, refused = results[bed.hostname(first)], results[bed.hostname(second)]
+def test_start_ending_with_warnings_passes_and_a_missing_device_refuses_it(
+    bed: Testbed, tmp_path: Path
+) -> None:
+    warns, refused = bed.vmids[:2]
+    # A Debian newer than pve-container knows: the start task ends `WARNINGS: 1`, as on PVE 8.
+    bed.attach(warns, "sh", "-c", "echo 15.0 > /etc/debian_version")
+    bed.stop_container(warns)
+    bed.stop_container(refused)
+    bed.edit_config(refused, values={"dev0": "/dev/nvidia7"})  # a GPU this node lacks
+    results = run(bed, tmp_path, {"start_if_stopped": True, "start_timeout": 30})
+    started, failed = results[bed.hostname(warns)], results[bed.hostname(refused)]
     assert not started.get("failed"), started
-    assert started["changed"] is True and started["started"] is True
-    assert started["status"] == "running" and bed.status(first) == "running"
-    assert started["actions"] == [f"started container {first} (it was stopped)"]
+    assert started["changed"] is True and started["status"] == "running"
+    assert started["actions"] == [
+        f"started container {warns} (it was stopped; its task ended with WARNINGS: 1)"
+    ]
+    assert bed.status(warns) == "running"
+    assert failed["failed"] is True and failed["changed"] is False
+    assert failed["msg"].startswith(
+        f"starting container {refused} on node {bed.node} failed: Device /dev/nvidia7 does not "
+        "exist (task UPID:"
+    )
+    assert f"node {bed.node} has no /dev/nvidia7" in failed["msg"]
+    assert f"(pct set {refused} -delete devN)" in failed["msg"]
+    assert bed.status(refused) == "stopped"
+
+
+def test_every_task_wait_is_bounded_and_names_the_log(bed: Testbed, tmp_path: Path) -> None:
+    slow = bed.vmids[0]
+    bed.stop_container(slow)
+    bed.delay_tasks("vzstart", 4)
+    began = time.monotonic()
+    result = run(bed, tmp_path, {"start_if_stopped": True, "start_timeout": 1}, vmids=[slow])
+    failed = result[bed.hostname(slow)]
+    assert failed["failed"] is True
+    assert re.search(
+        rf"starting container {slow} on node {bed.node}: task UPID:\S+:vzstart:"
+        rf"{slow}:{API_USER}!deploy: still running after 1 s",
+        failed["msg"],
+    )
+    assert "(its log so far: no content)" in failed["msg"]  # an empty log, as Proxmox says
+    # the task goes on, as a real one would: the container comes up after the delay
+    deadline = time.monotonic() + 60
+    while bed.status(slow) != "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert bed.status(slow) == "running" and time.monotonic() - began < 60
+
+
+def test_stopped_container_is_refused_unless_start_is_asked(bed: Testbed, tmp_path: Path) -> None:
+    stopped = bed.vmids[0]
+    bed.stop_container(stopped)
+    mark = bed.trace_mark()
+    refused = run(bed, tmp_path, {}, vmids=[stopped])[bed.hostname(stopped)]
     assert refused["failed"] is True and refused["changed"] is False
     assert (
-        f"container {second} on node {bed.node} is stopped; start it (pct start {second}) or "
-        "set start_if_stopped: true"
+        f"container {stopped} on node {bed.node} is stopped; start it (pct start {stopped}) or "
+        "set dflash_proxmox_start_if_stopped: true"
     ) in refused["msg"]
-    assert bed.status(second) == "stopped"
+    assert changes(bed, mark) == [] and bed.status(stopped) == "stopped"
 
 
-def test_gpu_passthrough_is_checked(bed: Testbed, tmp_path: Path) -> None:
+def test_gpu_passthrough_is_checked_with_cgroup2_rules_and_the_node_majors(
+    bed: Testbed, tmp_path: Path
+) -> None:
     first, second = bed.vmids[:2]
-    # first: GPU 0 as devN, GPU 1 as lxc.mount.entry with its cgroup rule: all there
-    bed.edit_config(
-        first,
-        values={"dev0": "/dev/nvidia0", "dev1": "/dev/nvidiactl", "dev2": "/dev/nvidia-uvm"},
-        lxc=[("lxc.cgroup2.devices.allow", "c 195:* rwm"),
-             ("lxc.mount.entry", "/dev/nvidia1 dev/nvidia1 none bind,optional,create=file")],
-    )  # fmt: skip
-    # second: GPU 0 fine, GPU 1 mounted without a cgroup rule, GPU 2 missing
+    devn = {"dev0": "/dev/nvidia0", "dev1": "/dev/nvidiactl", "dev2": "/dev/nvidia-uvm"}
+    mount = ("lxc.mount.entry", "/dev/nvidia1 dev/nvidia1 none bind,optional,create=file")
+    # first: GPU 0 and the control devices as devN, GPU 1 mounted with its cgroup2 rule
+    bed.edit_config(first, values=devn, lxc=[("lxc.cgroup2.devices.allow", "c 195:* rwm"), mount])
+    # second: GPU 1 allowed only by a cgroup v1 rule, nvidia-uvm mounted without a rule for its
+    # major (508 on this node), GPU 2 missing
     bed.edit_config(
         second,
-        values={"dev0": "/dev/nvidia0", "dev1": "/dev/nvidiactl", "dev2": "/dev/nvidia-uvm"},
-        lxc=[("lxc.mount.entry", "/dev/nvidia1 dev/nvidia1 none bind,optional,create=file")],
+        values={"dev0": "/dev/nvidia0", "dev1": "/dev/nvidiactl"},
+        lxc=[
+            ("lxc.cgroup.devices.allow", "c 195:* rwm"),
+            mount,
+            ("lxc.mount.entry", "/dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file"),
+        ],
     )
     results = run(
-        bed, tmp_path, {"gpus": "{{ want_gpus }}"},
+        bed,
+        tmp_path,
+        {"gpus": "{{ want_gpus }}", "proc_devices": NVIDIA_PROC_DEVICES},
         host_vars={first: {"want_gpus": [0, 1]}, second: {"want_gpus": [0, 1, 2]}},
-    )  # fmt: skip
+    )
     ok, bad = results[bed.hostname(first)], results[bed.hostname(second)]
     assert not ok.get("failed"), ok
-    assert ok["config"]["gpus"] == {
-        "0": "dev0: /dev/nvidia0",
-        "1": "lxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind,optional,create=file",
-    }
-    assert bad["failed"] is True and "(2 problems)" in bad["msg"]
+    assert ok["config"]["gpus"] == {"0": "dev0: /dev/nvidia0", "1": f"{mount[0]}: {mount[1]}"}
+    assert bad["failed"] is True and "(3 problems)" in bad["msg"]
     assert (
-        f"GPU 2 (/dev/nvidia2) is not passed through to container {second}; add "
-        f"'dev3: /dev/nvidia2' to its config (pct set {second} -dev3 /dev/nvidia2)"
+        f"GPU 1 (/dev/nvidia1) is mounted into container {second} ('{mount[0]}: {mount[1]}') and "
+        "allowed only by 'lxc.cgroup.devices.allow: c 195:* rwm', a cgroup v1 key that Proxmox "
+        f"VE 8 (cgroup v2) ignores; add 'lxc.cgroup2.devices.allow: c 195:* rwm' to "
+        f"/etc/pve/lxc/{second}.conf"
     ) in bad["msg"]
-    assert f"GPU 1 (/dev/nvidia1) is mounted into container {second}" in bad["msg"]
-    assert "lxc.cgroup2.devices.allow: c 195:* rwm" in bad["msg"]
+    assert (
+        f"GPU 2 (/dev/nvidia2) is not passed through to container {second}; add 'dev2: "
+        in bad["msg"]
+    )
+    assert (
+        f"the NVIDIA UVM device (/dev/nvidia-uvm, char 508:0 on this node) is mounted into "
+        f"container {second}"
+    ) in bad["msg"]
+    assert "'lxc.cgroup2.devices.allow: c 508:* rwm'" in bad["msg"]
     assert "GPU 0" not in bad["msg"]
 
 
-def test_control_devices_are_required_with_any_gpu(bed: Testbed, tmp_path: Path) -> None:
-    first = bed.vmids[0]
-    bed.edit_config(first, values={"dev0": "/dev/nvidia0"})
-    result = run(bed, tmp_path, {"gpus": [0]}, vmids=[first])[bed.hostname(first)]
-    assert result["failed"] is True and "(2 problems)" in result["msg"]
-    assert "the NVIDIA control device (/dev/nvidiactl)" in result["msg"]
-    assert "'dev1: /dev/nvidiactl'" in result["msg"] and "'dev2: /dev/nvidia-uvm'" in result["msg"]
+def test_pending_devn_is_named_as_pending(bed: Testbed, tmp_path: Path, api: ProxmoxAPI) -> None:
+    first, second = bed.vmids[:2]
+    # Added through the API while the containers run: Proxmox keeps a devN pending.
+    for vmid in (first, second):
+        api.nodes(bed.node).lxc(vmid).config.put(dev0="/dev/nvidia0")
+    assert "[pve:pending]" in bed.config_text(first)
+    results = run(
+        bed,
+        tmp_path,
+        {"gpus": "{{ want_gpus }}"},
+        host_vars={first: {"want_gpus": [0]}, second: {"want_gpus": []}},
+    )
+    gpu, cpu = results[bed.hostname(first)], results[bed.hostname(second)]
+    assert gpu["failed"] is True
+    assert (
+        f"GPU 0 (/dev/nvidia0) is passed to container {first} only as a pending change ('dev0: "
+        f"/dev/nvidia0', set while it runs): the running container does not have it; restart "
+        f"the container (pct reboot {first}) to apply it"
+    ) in gpu["msg"]
+    # without GPUs asked for, the pending change is reported on its own, not as present
+    assert not cpu.get("failed"), cpu
+    assert cpu["pending"] == [{"key": "dev0", "pending": "/dev/nvidia0"}]
+    assert cpu["config"]["devices"] == []
+    assert any(
+        "has pending changes, applied only at its next start: dev0: /dev/nvidia0" in w
+        for w in cpu["warnings"]
+    )
 
 
 def test_missing_or_wrong_mount_point_fails(bed: Testbed, tmp_path: Path) -> None:
     first, second = bed.vmids[:2]
     bed.edit_config(first, delete=["mp0"])
     results = run(
-        bed, tmp_path, {"mounts": [{"path": "/mnt/wheelhouse", "source": "{{ wheel_src }}"}]},
+        bed,
+        tmp_path,
+        {"mounts": [{"path": "/mnt/wheelhouse", "source": "{{ wheel_src }}"}]},
         host_vars={first: {"wheel_src": str(bed.wheelhouse)}, second: {"wheel_src": "/srv/other"}},
-    )  # fmt: skip
+    )
     gone, wrong = results[bed.hostname(first)], results[bed.hostname(second)]
     assert gone["failed"] is True
     assert (
@@ -141,13 +265,62 @@ def test_missing_or_wrong_mount_point_fails(bed: Testbed, tmp_path: Path) -> Non
     ) in wrong["msg"]
 
 
+def test_snapshot_refusals_come_before_any_change(bed: Testbed, tmp_path: Path) -> None:
+    bound, audited = bed.vmids[:2]
+    # audited: snapshots possible (no bind mount), but its token may only audit it
+    bed.edit_config(audited, delete=["mp0"])
+    bed.add_token("audit", {f"/vms/{v}": "PVEAuditor" for v in bed.vmids})
+    mark = bed.trace_mark()
+    results = run(
+        bed,
+        tmp_path,
+        {"snapshot": {"retain": 2}},
+        host_vars={
+            audited: {
+                "proxmox_api_token_id": "audit",
+                "proxmox_api_token_secret": bed.token_secret("audit"),
+            }
+        },
+    )
+    blocked, forbidden = results[bed.hostname(bound)], results[bed.hostname(audited)]
+    assert blocked["failed"] is True
+    assert (
+        f"container {bound} cannot be snapshotted: mount point mp0 ({bed.wheelhouse},"
+        "mp=/mnt/wheelhouse,ro=1) is a bind mount, and Proxmox snapshots no container with bind "
+        f"or device mount points; put /mnt/wheelhouse on a storage-backed volume instead (e.g. "
+        f"pct set {bound} -mp0 local-lvm:8,mp=/mnt/wheelhouse"
+    ) in blocked["msg"]
+    assert "or take no snapshot: dflash_proxmox_snapshot: {}" in blocked["msg"]
+    assert forbidden["failed"] is True
+    assert (
+        f"token {API_USER}!audit may not take snapshots of container {audited} (no VM.Snapshot "
+        f"on /vms/{audited}); grant it: pveum acl modify /vms/{audited} --tokens "
+        f"'{API_USER}!audit' --roles PVEVMAdmin"
+    ) in forbidden["msg"]
+    # a name of 41 characters: refused before the API is even asked
+    long_prefix = "p" * 26
+    mark_long = bed.trace_mark()
+    [too_long] = run(
+        bed, tmp_path, {"snapshot": {"name_prefix": long_prefix}}, vmids=[audited]
+    ).values()
+    assert too_long["msg"] == (
+        f"the snapshot names of container {audited} would be 41 characters ('{long_prefix}-"
+        "20260101120000'), and Proxmox allows at most 40: shorten "
+        "dflash_proxmox_snapshot.name_prefix to at most 25 characters; nothing was changed"
+    )
+    assert bed.api_calls(mark_long) == []
+    assert changes(bed, mark) == [] and bed.snapshots(bound) == bed.snapshots(audited) == []
+
+
 def _seed_snapshots(bed: Testbed, vmid: int) -> None:
     """Two old snapshots of ours and one of the user's, as Proxmox would have them."""
     conf = bed.read_config(vmid)
     parent = None
-    for name, when in (("dflash-predeploy-20200101000000", 1577836800),
-                       ("manual", 1577900000),
-                       ("dflash-predeploy-20200102000000", 1577923200)):  # fmt: skip
+    for name, when in (
+        ("dflash-predeploy-20200101000000", 1577836800),
+        ("manual", 1577900000),
+        ("dflash-predeploy-20200102000000", 1577923200),
+    ):
         snap = Section(dict(conf.current.options), [], "")
         snap.options["snaptime"] = str(when)
         if parent:
@@ -160,9 +333,10 @@ def _seed_snapshots(bed: Testbed, vmid: int) -> None:
 
 def test_snapshot_with_retention_keeps_the_newest_of_ours(bed: Testbed, tmp_path: Path) -> None:
     first = bed.vmids[0]
+    bed.edit_config(first, delete=["mp0"])  # a container Proxmox can snapshot
     _seed_snapshots(bed, first)
-    args = {"snapshot": {"name_prefix": "dflash-predeploy", "retain": 2}}
-    result = run(bed, tmp_path, args, vmids=[first])[bed.hostname(first)]
+    args = {"name_prefix": "dflash-predeploy", "retain": 2}
+    result = run(bed, tmp_path, args, "dflash_proxmox_snapshot", vmids=[first])[bed.hostname(first)]
     assert not result.get("failed"), result
     created = result["snapshot"]["created"]
     assert re.fullmatch(r"dflash-predeploy-\d{14}", created)
@@ -179,58 +353,70 @@ def test_snapshot_with_retention_keeps_the_newest_of_ours(bed: Testbed, tmp_path
     assert "parent" not in conf.snapshots["manual"].options
 
 
-def test_retain_zero_is_refused_before_anything_changes(bed: Testbed, tmp_path: Path) -> None:
-    first = bed.vmids[0]
-    _seed_snapshots(bed, first)
-    bed.stop_container(first)
-    before, mark = bed.config_text(first), bed.trace_mark()
-    args = {"start_if_stopped": True, "snapshot": {"retain": 0}}
-    result = run(bed, tmp_path, args, vmids=[first])[bed.hostname(first)]
-    assert result["failed"] is True and result["changed"] is False
-    assert "snapshot.retain is 0: it must be at least 1" in result["msg"]
-    assert "nothing was changed" in result["msg"]
-    assert bed.config_text(first) == before
-    assert bed.status(first) == "stopped"
-    assert bed.trace(since=mark) == []  # refused before even connecting
-
-
 def test_check_mode_reports_and_changes_nothing(bed: Testbed, tmp_path: Path) -> None:
     first = bed.vmids[0]
+    bed.edit_config(first, delete=["mp0"])
     _seed_snapshots(bed, first)
     bed.stop_container(first)
     before, mark = bed.config_text(first), bed.trace_mark()
-    args = {"start_if_stopped": True, "snapshot": {"retain": 1}}
-    result = run(bed, tmp_path, args, check=True, vmids=[first])[bed.hostname(first)]
-    assert not result.get("failed"), result
-    assert result["changed"] is True and result["started"] is True
-    would = result["snapshot"]["created"]
-    assert result["actions"] == [
-        f"would start container {first} (it is stopped)",
+    check = run(
+        bed,
+        tmp_path,
+        {"start_if_stopped": True, "snapshot": {"retain": 1}},
+        check=True,
+        vmids=[first],
+    )[bed.hostname(first)]
+    assert not check.get("failed"), check
+    assert check["changed"] is True and check["started"] is True
+    assert check["actions"] == [f"would start container {first} (it is stopped)"]
+    snap = run(bed, tmp_path, {"retain": 1}, "dflash_proxmox_snapshot", check=True, vmids=[first])[
+        bed.hostname(first)
+    ]
+    would = snap["snapshot"]["created"]
+    assert snap["changed"] is True and snap["actions"] == [
         f"would take snapshot {would}",
         "would delete snapshot dflash-predeploy-20200101000000 (retention)",
         "would delete snapshot dflash-predeploy-20200102000000 (retention)",
     ]
-    assert bed.config_text(first) == before
-    assert bed.status(first) == "stopped"
+    assert bed.config_text(first) == before and bed.status(first) == "stopped"
     assert changes(bed, mark) == []
 
 
-def test_unreachable_node_and_unknown_node_fail_clearly(bed: Testbed, tmp_path: Path) -> None:
+def test_unreachable_api_unknown_node_untrusted_cert_and_bad_token(
+    bed: Testbed, tmp_path: Path
+) -> None:
     first, second = bed.vmids[:2]
     closed = free_port()
     results = run(
-        bed, tmp_path, {"timeout": 5},
+        bed,
+        tmp_path,
+        {"api_timeout": 5},
         host_vars={first: {"proxmox_api_port": closed}, second: {"proxmox_node": "pve2"}},
-    )  # fmt: skip
+    )
     down, elsewhere = results[bed.hostname(first)], results[bed.hostname(second)]
-    assert down["failed"] is True
-    assert down["msg"].startswith(
-        f"cannot reach the Proxmox API of node {bed.node} at ssh root@127.0.0.1:{closed} "
-        "(backend ssh_paramiko): "
-    )
-    assert "Unable to connect" in down["msg"] or "refused" in down["msg"]
-    assert elsewhere["failed"] is True
+    assert down["msg"].startswith(f"cannot reach the Proxmox API at https://127.0.0.1:{closed} (")
+    assert down["msg"].endswith("check api_host/api_port and that the node is up")
     assert elsewhere["msg"] == (
-        f"node 'pve2' is not known to the Proxmox API (nodes: {bed.node}); set node to the one "
-        f"that holds container {second}"
+        f"node 'pve2' is not known to the Proxmox API (nodes: {bed.node}); set proxmox_node to "
+        f"the one that holds container {second}"
     )
+    # without the node's CA the certificate is not trusted; a wrong secret is refused (401)
+    wrong = "not-the-secret-0123456789"
+    play = module_play({})
+    play["tasks"][0]["environment"] = {}  # the system's CAs only
+    result = run_playbook([play], bed.inventory(vmids=[first]), tmp_path)
+    untrusted = result.results("dflash_proxmox")[bed.hostname(first)]
+    assert untrusted["msg"].startswith(
+        f"the certificate of the Proxmox API at https://127.0.0.1:{bed.api_port} is not trusted"
+    )
+    assert "set proxmox_api_ca_file to the node's CA" in untrusted["msg"]
+    refused = run(
+        bed, tmp_path, {}, host_vars={second: {"proxmox_api_token_secret": wrong}}, vmids=[second]
+    )[bed.hostname(second)]
+    assert refused["msg"].startswith(
+        f"the Proxmox API at https://127.0.0.1:{bed.api_port} refused the token "
+        f"{API_USER}!deploy (Authentication failed!); check api_user, api_token_id and the secret"
+    )
+    # the secrets (the right one and the wrong one) appear nowhere in what Ansible returned
+    for shown in (json.dumps(result.output), json.dumps(refused)):
+        assert wrong not in shown and bed.token_secret() not in shown
