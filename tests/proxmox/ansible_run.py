@@ -48,10 +48,11 @@ class PlayRun:
 
 def run_playbook(
     plays: list[dict[str, Any]],
-    inventory: Path | str,
+    inventory: Path | list[Path],
     workdir: Path,
     check: bool = False,
     env: dict[str, str] | None = None,
+    extravars: dict[str, Any] | None = None,
 ) -> PlayRun:
     playbook = workdir / "playbook.yml"
     playbook.write_text(json.dumps(plays, indent=1))  # JSON is YAML
@@ -63,9 +64,12 @@ def run_playbook(
         ANSIBLE_LOCAL_TEMP=str(workdir / "ansible-tmp"),
         **(env or {}),
     )
-    cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), str(playbook)]
+    sources = inventory if isinstance(inventory, list) else [inventory]
+    cmd = [str(ANSIBLE_PLAYBOOK), *[arg for s in sources for arg in ("-i", str(s))], str(playbook)]
     if check:
         cmd.append("--check")
+    if extravars:
+        cmd += ["-e", json.dumps(extravars)]
     proc = subprocess.run(
         cmd, cwd=REPO, env=environment, capture_output=True, text=True, timeout=300, check=False
     )

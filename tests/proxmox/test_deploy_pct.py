@@ -1,16 +1,20 @@
 """deploy.yml, verify.yml and rollback.yml unchanged against the test bed: two real LXC
-containers reached through community.proxmox.proxmox_pct_remote; only the inventory differs."""
+containers (one unprivileged, Proxmox's default, one privileged) reached through
+community.proxmox.proxmox_pct_remote, checked through the node's HTTPS API with a
+privilege-separated token; only the inventory differs."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 import xml.etree.ElementTree as ElementTree
 
 from tests.deployed.suite_run import TRAINER_TESTS, run_suite
 from tests.helpers import PlaybookRun
 from tests.integration.conftest import add_release
-from tests.testbed.bed import Testbed
+from tests.testbed.bed import API_USER, Testbed
+from tests.testbed.node.storage import volume_folder
 
 V1 = {"dflash/__init__.py": "VERSION = 1\n", "dflash/train.py": "print('one')\n"}
 V2 = {"dflash/__init__.py": "VERSION = 2\n", "dflash/train.py": "print('two')\n"}
@@ -29,6 +33,14 @@ def test_lifecycle_across_two_containers(bed, pct_playbook, source_repo):
     first = pct_playbook("deploy.yml", dflash_source_dir=repo, dflash_ref="v1")
     assert first.rc == 0, first.output
     assert all(current_in(bed, v, root) == "releases/v1" for v in bed.vmids)
+    # In the unprivileged container the state belongs to its root (uid 100000 on the node);
+    # the env came from the read-only wheelhouse, which it sees as nobody's.
+    [unpriv] = [v for v in bed.vmids if bed.unprivileged(v)]
+    owners = bed.attach(unpriv, "stat", "-c", "%u", f"{root}/current/MANIFEST.json",
+                        f"{root}/history.jsonl", "/mnt/wheelhouse").stdout.split()  # fmt: skip
+    assert owners == ["0", "0", "65534"]
+    on_node = bed.root / "lxc" / str(unpriv) / "delta" / root.lstrip("/") / "history.jsonl"
+    assert on_node.stat().st_uid == 100000
 
     again = pct_playbook("deploy.yml", dflash_source_dir=repo, dflash_ref="v1")
     assert again.rc == 0, again.output
@@ -75,6 +87,8 @@ def test_unreachable_node_is_reported_and_the_others_deployed(bed, pct_playbook,
 def test_stopped_container_fails_unless_start_is_asked(bed, pct_playbook, source_repo):
     repo = str(source_repo("v1", V1))
     stopped = bed.vmids[0]
+    # A Debian newer than pve-container knows: its start task ends `WARNINGS: 1`, a success.
+    bed.attach(stopped, "sh", "-c", "echo 15.0 > /etc/debian_version")
     bed.stop_container(stopped)
     refused = pct_playbook("deploy.yml", dflash_source_dir=repo, dflash_ref="v1")
     assert refused.rc != 0
@@ -86,6 +100,7 @@ def test_stopped_container_fails_unless_start_is_asked(bed, pct_playbook, source
     )
     assert started.rc == 0, started.output
     assert bed.status(stopped) == "running"
+    assert [status for _, status in bed.task_results("vzstart", stopped)] == ["WARNINGS: 1"]
     assert current_in(bed, stopped, pct_playbook.root) == "releases/v1"
 
 
@@ -113,6 +128,98 @@ def test_missing_gpu_and_unknown_vmid_are_refused_before_any_change(bed, pct_pla
     assert current_in(bed, right, pct_playbook.root) == "releases/v1"
     probe = bed.attach(wrong, "test", "-e", f"{pct_playbook.root}/current", check=False)
     assert probe.returncode != 0
+
+
+def flat(run: PlaybookRun) -> str:
+    """The run's output on one line (Ansible wraps long messages)."""
+    return " ".join(run.output.split())
+
+
+def wheelhouse_on_a_volume(bed: Testbed, vmid: int) -> None:
+    """The wheelhouse as a storage-backed volume (LVM-thin) filled with the node's wheels,
+    instead of the bind mount: a container Proxmox can snapshot (a new mount point takes a
+    restart)."""
+    volume = f"local-lvm:vm-{vmid}-disk-1"
+    bed.stop_container(vmid)
+    bed.edit_config(vmid, values={"mp0": f"{volume},mp=/mnt/wheelhouse,size=4G"})
+    bed.start_container(vmid)
+    folder = volume_folder(bed.root, volume)
+    for wheel in bed.wheelhouse.iterdir():
+        if not (folder / wheel.name).exists():
+            os.link(wheel, folder / wheel.name)
+
+
+def test_snapshot_only_when_the_deploy_changes_something(bed, pct_playbook, source_repo):
+    source_repo("v1", V1)
+    repo = str(source_repo("v2", V2))
+    vmid = bed.vmids[0]
+    wheelhouse_on_a_volume(bed, vmid)
+    host = bed.hostname(vmid)
+    common = {"dflash_hosts": host, "dflash_source_dir": repo,
+              "dflash_proxmox_snapshot": {"retain": 1}}  # fmt: skip
+    first = pct_playbook("deploy.yml", dflash_ref="v1", **common)
+    assert first.rc == 0, first.output
+    [before_v1] = bed.snapshots(vmid)
+    why = bed.read_config(vmid).snapshots[before_v1].description
+    assert why.startswith("taken by dflash-deploy before a deploy: first deployment to ")
+    assert "current: none -> v1" in why
+    # Nothing to change: no snapshot, so retention (1) keeps the one from before v1.
+    again = pct_playbook("deploy.yml", dflash_ref="v1", **common)
+    assert again.rc == 0 and again.changed(host) == 0, again.output
+    assert f"No snapshot of container {vmid}: this run changes nothing there." in flat(again)
+    assert bed.snapshots(vmid) == [before_v1]
+    third = pct_playbook("deploy.yml", dflash_ref="v2", **common)
+    assert third.rc == 0, third.output
+    [before_v2] = bed.snapshots(vmid)
+    assert before_v2 != before_v1
+    assert "current: v1 -> v2" in bed.read_config(vmid).snapshots[before_v2].description
+    assert [status for _, status in bed.task_results("vzsnapshot", vmid)] == ["OK", "OK"]
+
+
+def test_each_refusal_comes_before_any_change(bed, pct_playbook, source_repo):
+    """A snapshot asked for a container with a bind mount point, a token without VM.Audit on
+    the container, a snapshot name of 41 characters, a devN whose device the node lacks: each
+    fails in the check before preflight, naming the container, the value and the fix."""
+    repo = str(source_repo("v1", V1))
+    first, second = bed.vmids
+    secret = bed.add_token("one", {f"/vms/{first}": "PVEVMAdmin"})
+    mark = bed.trace_mark()
+    run = pct_playbook(
+        "deploy.yml", dflash_source_dir=repo, dflash_ref="v1",
+        host_vars={first: {"dflash_proxmox_snapshot": {"retain": 2}},
+                   second: {"proxmox_api_token_id": "one", "proxmox_api_token_secret": secret}},
+    )  # fmt: skip
+    assert run.rc != 0 and all(run.recap[bed.hostname(v)]["failed"] == 1 for v in bed.vmids)
+    text = flat(run)
+    assert f"container {first} cannot be snapshotted: mount point mp0 ({bed.wheelhouse}," in text
+    assert "put /mnt/wheelhouse on a storage-backed volume instead" in text
+    assert "or take no snapshot: dflash_proxmox_snapshot: {}" in text
+    assert f"container {second} is not among the containers that token {API_USER}!one sees" in (
+        text
+    )
+    assert f"the token lacks VM.Audit on /vms/{second}" in text
+    bed.stop_container(second)
+    bed.edit_config(second, values={"dev0": "/dev/nvidia9"})
+    run = pct_playbook(
+        "deploy.yml", dflash_source_dir=repo, dflash_ref="v1", dflash_proxmox_start_if_stopped=True,
+        host_vars={first: {"dflash_proxmox_snapshot": {"name_prefix": "p" * 26}}},
+    )  # fmt: skip
+    assert run.rc != 0 and all(run.recap[bed.hostname(v)]["failed"] == 1 for v in bed.vmids)
+    text = flat(run)
+    assert f"the snapshot names of container {first} would be 41 characters" in text
+    assert "shorten dflash_proxmox_snapshot.name_prefix to at most 25 characters" in text
+    assert f"starting container {second} on node {bed.node} failed: Device /dev/nvidia9 does " in (
+        text
+    )
+    assert f"node {bed.node} has no /dev/nvidia9" in text
+    # Nothing changed: no release anywhere, the stopped container still stopped, and the only
+    # change asked of the API was the start that Proxmox refused.
+    for vmid in bed.vmids:
+        probe = bed.attach(vmid, "test", "-e", f"{pct_playbook.root}/releases", check=False)
+        assert vmid == second or probe.returncode != 0
+    assert bed.status(second) == "stopped"
+    asked = [e["path"] for e in bed.api_calls(mark) if e["subcommand"] != "get"]
+    assert asked == [f"/nodes/{bed.node}/lxc/{second}/status/start"]
 
 
 def findings_of(run: PlaybookRun) -> dict[str, dict[str, list[dict]]]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import registry
-from .node import lxcctl
+from .node import lxcctl, tasks
 from .node.nodecfg import ENV_VAR, NodeConfig
 from .node.ops import Node
 from .node.pveconf import ConfigStore, CtConfig, Section, parse
@@ -306,6 +306,17 @@ class Testbed:
         faults = json.loads(path.read_text()) if path.exists() else {}
         faults.setdefault("task_delay", {})[kind] = seconds
         path.write_text(json.dumps(faults))
+
+    def task_results(self, kind: str, vmid: int | None = None) -> list[tuple[str, str]]:
+        """(UPID, exit status) of every finished task of this type (and container), oldest
+        first, as `/tasks/{upid}/status` reports them."""
+        found = []
+        for path in self.node_cfg.tasks.glob("*/UPID:*"):
+            task = tasks.status(self.node_cfg, path.name) or {}
+            mine = task.get("type") == kind and vmid in (None, int(str(task.get("id"))))
+            if mine and task["status"] == "stopped":
+                found.append((int(str(task["starttime"])), path.name, str(task["exitstatus"])))
+        return [(upid, status) for _, upid, status in sorted(found)]
 
     def api_calls(self, since: int = 0) -> list[dict[str, Any]]:
         """The HTTPS API's calls since the mark: method (get/post/put/delete) and path."""
