@@ -16,6 +16,8 @@ from tests.integration.conftest import add_release
 from tests.testbed.bed import API_USER, Testbed
 from tests.testbed.node.storage import volume_folder
 
+from .conftest import newer_debian
+
 V1 = {"dflash/__init__.py": "VERSION = 1\n", "dflash/train.py": "print('one')\n"}
 V2 = {"dflash/__init__.py": "VERSION = 2\n", "dflash/train.py": "print('two')\n"}
 
@@ -24,15 +26,21 @@ def current_in(bed: Testbed, vmid: int, root: str) -> str:
     return bed.attach(vmid, "readlink", f"{root}/current").stdout.strip()
 
 
-def test_lifecycle_across_two_containers(bed, pct_playbook, source_repo):
+def test_lifecycle_across_two_containers(bed, pct_playbook, source_repo, bed_lock):
     source_repo("v1", V1)
     repo = str(source_repo("v2", V2))
     root = pct_playbook.root
     hosts = [bed.hostname(v) for v in bed.vmids]
 
-    first = pct_playbook("deploy.yml", dflash_source_dir=repo, dflash_ref="v1")
+    # v1 from a lock whose index URL holds credentials (its env is there already: the lock id
+    # leaves the source out, so nothing is fetched); history gets them redacted.
+    index = {"index_url": "https://ci:s3cr3t-t0ken@pypi.invalid/simple"}
+    first = pct_playbook("deploy.yml", dflash_source_dir=repo, dflash_ref="v1",
+                         dflash_lock=dict(bed_lock, source=index))  # fmt: skip
     assert first.rc == 0, first.output
     assert all(current_in(bed, v, root) == "releases/v1" for v in bed.vmids)
+    recorded = json.loads(bed.attach(bed.vmids[0], "tail", "-n1", f"{root}/history.jsonl").stdout)
+    assert recorded["lock"]["source"] == {"index_url": "https://REDACTED@pypi.invalid/simple"}
     # In the unprivileged container the state belongs to its root (uid 100000 on the node);
     # the env came from the read-only wheelhouse, which it sees as nobody's.
     [unpriv] = [v for v in bed.vmids if bed.unprivileged(v)]
@@ -63,7 +71,12 @@ def test_lifecycle_across_two_containers(bed, pct_playbook, source_repo):
     back = pct_playbook("rollback.yml", dflash_source_dir=repo)
     assert back.rc == 0, back.output
     assert all(current_in(bed, v, root) == "releases/v1" for v in bed.vmids)
-    assert pct_playbook("verify.yml").rc == 0
+    audit = pct_playbook("verify.yml")
+    assert audit.rc == 0
+    # the credentials reached neither history (deploys and the rollback) nor the report
+    for vmid in bed.vmids:
+        assert "s3cr3t" not in bed.attach(vmid, "cat", f"{root}/history.jsonl").stdout
+    assert "s3cr3t" not in json.dumps(audit.report)
 
 
 def test_unreachable_node_is_reported_and_the_others_deployed(bed, pct_playbook, source_repo):
@@ -88,16 +101,17 @@ def test_stopped_container_fails_unless_start_is_asked(bed, pct_playbook, source
     repo = str(source_repo("v1", V1))
     stopped = bed.vmids[0]
     # A Debian newer than pve-container knows: its start task ends `WARNINGS: 1`, a success.
-    bed.attach(stopped, "sh", "-c", "echo 15.0 > /etc/debian_version")
-    bed.stop_container(stopped)
-    refused = pct_playbook("deploy.yml", dflash_source_dir=repo, dflash_ref="v1")
-    assert refused.rc != 0
-    assert str(stopped) in refused.output and "start_if_stopped" in refused.output
-    assert bed.status(stopped) == "stopped"
+    with newer_debian(bed, stopped):
+        bed.stop_container(stopped)
+        refused = pct_playbook("deploy.yml", dflash_source_dir=repo, dflash_ref="v1")
+        assert refused.rc != 0
+        assert str(stopped) in refused.output and "start_if_stopped" in refused.output
+        assert bed.status(stopped) == "stopped"
 
-    started = pct_playbook(
-        "deploy.yml", dflash_source_dir=repo, dflash_ref="v1", dflash_proxmox_start_if_stopped=True
-    )
+        started = pct_playbook(
+            "deploy.yml", dflash_source_dir=repo, dflash_ref="v1",
+            dflash_proxmox_start_if_stopped=True,
+        )  # fmt: skip
     assert started.rc == 0, started.output
     assert bed.status(stopped) == "running"
     assert [status for _, status in bed.task_results("vzstart", stopped)] == ["WARNINGS: 1"]
@@ -150,8 +164,7 @@ def wheelhouse_on_a_volume(bed: Testbed, vmid: int) -> None:
 
 
 def test_snapshot_only_when_the_deploy_changes_something(bed, pct_playbook, source_repo):
-    source_repo("v1", V1)
-    repo = str(source_repo("v2", V2))
+    repo = str(source_repo("v1", V1))
     vmid = bed.vmids[0]
     wheelhouse_on_a_volume(bed, vmid)
     host = bed.hostname(vmid)
@@ -168,12 +181,7 @@ def test_snapshot_only_when_the_deploy_changes_something(bed, pct_playbook, sour
     assert again.rc == 0 and again.changed(host) == 0, again.output
     assert f"No snapshot of container {vmid}: this run changes nothing there." in flat(again)
     assert bed.snapshots(vmid) == [before_v1]
-    third = pct_playbook("deploy.yml", dflash_ref="v2", **common)
-    assert third.rc == 0, third.output
-    [before_v2] = bed.snapshots(vmid)
-    assert before_v2 != before_v1
-    assert "current: v1 -> v2" in bed.read_config(vmid).snapshots[before_v2].description
-    assert [status for _, status in bed.task_results("vzsnapshot", vmid)] == ["OK", "OK"]
+    assert [status for _, status in bed.task_results("vzsnapshot", vmid)] == ["OK"]
 
 
 def test_each_refusal_comes_before_any_change(bed, pct_playbook, source_repo):

@@ -18,6 +18,7 @@ from tests.testbed.node.pveconf import Section
 from tests.testbed.sshd import free_port
 
 from .ansible_run import PlayRun, module_play, run_playbook
+from .conftest import newer_debian
 
 pytestmark = pytest.mark.testbed
 
@@ -109,12 +110,12 @@ def test_start_ending_with_warnings_passes_and_a_missing_device_refuses_it(
     bed: Testbed, tmp_path: Path
 ) -> None:
     warns, refused = bed.vmids[:2]
-    # A Debian newer than pve-container knows: the start task ends `WARNINGS: 1`, as on PVE 8.
-    bed.attach(warns, "sh", "-c", "echo 15.0 > /etc/debian_version")
-    bed.stop_container(warns)
     bed.stop_container(refused)
     bed.edit_config(refused, values={"dev0": "/dev/nvidia7"})  # a GPU this node lacks
-    results = run(bed, tmp_path, {"start_if_stopped": True, "start_timeout": 30})
+    # A Debian newer than pve-container knows: the start task ends `WARNINGS: 1`, as on PVE 8.
+    with newer_debian(bed, warns):
+        bed.stop_container(warns)
+        results = run(bed, tmp_path, {"start_if_stopped": True, "start_timeout": 30})
     started, failed = results[bed.hostname(warns)], results[bed.hostname(refused)]
     assert not started.get("failed"), started
     assert started["changed"] is True and started["status"] == "running"

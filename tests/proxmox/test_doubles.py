@@ -18,7 +18,7 @@ from proxmoxer import ProxmoxAPI, ResourceException
 
 from tests.testbed.bed import API_USER, Testbed
 
-from .conftest import https_api
+from .conftest import https_api, newer_debian
 
 pytestmark = pytest.mark.testbed
 
@@ -253,10 +253,10 @@ def test_tasks_are_asynchronous_and_end_ok_warnings_or_an_error(
     assert bed.status(first) == "running"
     bed.delay_tasks("vzstart", 0)
     # WARNINGS: a Debian newer than pve-container has tested (LXC/Setup/Debian.pm) - success
-    bed.attach(second, "sh", "-c", "echo 15.0 > /etc/debian_version")
-    bed.stop_container(second)
-    upid = api.nodes(bed.node).lxc(second).status.start.post()
-    assert wait(api, bed.node, upid)["exitstatus"] == "WARNINGS: 1"
+    with newer_debian(bed, second):
+        bed.stop_container(second)
+        upid = api.nodes(bed.node).lxc(second).status.start.post()
+        assert wait(api, bed.node, upid)["exitstatus"] == "WARNINGS: 1"
     log = api.nodes(bed.node).tasks(upid).log.get()
     assert log[0]["t"].startswith(
         "WARN: The container's Debian version '15' is newer than the tested version '14'."

@@ -107,11 +107,12 @@ def test_a_second_bed_comes_up_beside_and_goes_down_without_leftovers() -> None:
     other = Testbed.up(containers=1, name=f"t{os.getpid()}", log=lambda _m: None)
     vmid = other.vmids[0]
     state, pid = lxcctl.info(other.node_cfg, vmid)
-    sshd_pid, root = other.sshd.pid, other.root
+    sshd_pid, api_pid, root = other.sshd.pid, other.api.pid, other.root  # type: ignore[union-attr]
     assert state == "running" and pid
     assert registry.path_for(other.name).exists()
     other.down()
     assert start_time(sshd_pid) is None, "sshd still running"
+    assert start_time(api_pid) is None, "the HTTPS API still running"
     assert start_time(pid) is None, "container init still running"
     assert not root.exists()
     assert not registry.path_for(other.name).exists()
@@ -132,6 +133,7 @@ def test_cli_up_status_down() -> None:
         state = json.loads(registry.path_for(name).read_text())
         assert state["owner"] is None  # persistent: outlives the CLI process
         assert start_time(state["sshd"]["pid"]) == state["sshd"]["started"]
+        assert start_time(state["api"]["pid"]) == state["api"]["started"]
         status = subprocess.run([*cli, "status"], cwd=REPO, env=env, capture_output=True,
                                 text=True, timeout=60)  # fmt: skip
         assert f"{name}: up, port {state['port']}" in status.stdout
@@ -140,6 +142,7 @@ def test_cli_up_status_down() -> None:
                               capture_output=True, text=True, timeout=120)  # fmt: skip
     assert down.returncode == 0, down.stderr
     assert start_time(state["sshd"]["pid"]) is None
+    assert start_time(state["api"]["pid"]) is None
     assert not Path(state["root"]).exists()
 
 
@@ -180,8 +183,9 @@ def test_a_killed_owner_leaves_a_bed_the_next_bring_up_removes() -> None:
     assert proc.returncode == -9
     (stale,) = _beds_of(proc.pid)
     assert start_time(stale["sshd"]["pid"]) is not None  # still running: nobody cleaned up
+    assert start_time(stale["api"]["pid"]) is not None
     reap_stale(lambda _m: None)  # what every bring-up does first
-    assert start_time(stale["sshd"]["pid"]) is None
+    assert start_time(stale["sshd"]["pid"]) is None and start_time(stale["api"]["pid"]) is None
     assert not Path(stale["root"]).exists()
     assert _beds_of(proc.pid) == []
 
@@ -217,4 +221,5 @@ def test_sigterm_to_pytest_still_tears_the_bed_down(tmp_path: Path, moment: str)
             proc.kill()
     assert _beds_of(proc.pid) == [], output
     assert start_time(bed_state["sshd"]["pid"]) is None
+    assert bed_state.get("api") is None or start_time(bed_state["api"]["pid"]) is None
     assert not Path(bed_state["root"]).exists()
