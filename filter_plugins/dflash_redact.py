@@ -3,7 +3,6 @@
 # back from the inventory's lock when it names the same index.
 from __future__ import annotations
 
-import copy
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -22,14 +21,13 @@ def redact_url(url: str) -> str:
 
 
 def redact_lock(lock: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not isinstance(lock, dict):
+    """A copy of the lock whose source URLs hold no credentials (new dicts: Ansible hands
+    filters lazily templated containers, which are not to be deep-copied or changed)."""
+    if not isinstance(lock, dict) or not isinstance(lock.get("source"), dict):
         return lock
-    clean = copy.deepcopy(lock)
-    source = clean.get("source") or {}
-    for key in URL_KEYS:
-        if source.get(key):
-            source[key] = redact_url(source[key])
-    return clean
+    source = {key: redact_url(value) if key in URL_KEYS and value else value
+              for key, value in lock["source"].items()}  # fmt: skip
+    return {**lock, "source": source}
 
 
 def unredact_lock(recorded: dict[str, Any] | None, inventory: dict[str, Any] | None
