@@ -32,7 +32,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"""test bed {bed.name!r} up in {time.monotonic() - began:.1f} s
   inventory:  {inventory}
   node:       {bed.node} (sshd on {bed.host}:{bed.port}; `pct` and `pvesh` are the doubles)
-  containers: {", ".join(map(str, bed.vmids))}
+  api:        {bed.api_url} (token dflash@pve!deploy in the inventory; CA {bed.ca_file})
+  containers: {", ".join(map(str, bed.vmids))} (privileged: {bed.privileged or "none"})
   wheelhouse: {bed.wheelhouse} (node) -> {bed.wheelhouse_ct} (containers, read-only)
   trace:      {bed.trace_path}
   state:      {registry.path_for(bed.name)}
