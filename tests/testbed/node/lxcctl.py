@@ -205,7 +205,11 @@ def start(node: NodeConfig, vmid: int, store: ConfigStore, log: TaskLog | None =
         raise LxcError(f"{detail}\nstartup for container '{vmid}' failed")
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if info(node, vmid)[0] == "running":
+        state, pid = info(node, vmid)
+        if state == "running":
+            if pid:  # for `pct exec`'s quick check (NodeConfig.init_running)
+                started = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+                (ct_dir / "init").write_text(f"{pid} {started}\n")
             return
         time.sleep(0.05)
     raise LxcError(

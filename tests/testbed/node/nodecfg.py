@@ -54,6 +54,17 @@ class NodeConfig:
         """Proxmox's text for a VMID without a config on this node."""
         return f"Configuration file 'nodes/{self.node}/lxc/{vmid}.conf' does not exist"
 
+    def init_running(self, vmid: int) -> bool:
+        """Whether the container's init (recorded at its start: pid and start time) still
+        lives: PVE::LXC::check_running's question, without starting lxc-info."""
+        try:
+            pid, started = (self.lxcpath / str(vmid) / "init").read_text().split()
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except (OSError, ValueError):
+            return False
+        fields = stat.rsplit(")", 1)[1].split()
+        return fields[0] != "Z" and fields[19] == started
+
     def attach_argv(self, vmid: int, command: list[str]) -> list[str]:
         """lxc-attach with a clean environment, for the bed's own use (tests, not `pct`)."""
         return [

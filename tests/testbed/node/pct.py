@@ -106,11 +106,7 @@ def _exec(cfg: NodeConfig, argv: list[str]) -> int:
     command = rest[1:] if rest[:1] == ["--"] else rest
     if not cfg.conf_path(vmid).is_file():
         die(cfg.missing_message(vmid), EXIT_ENOENT)
-    import subprocess
-
-    state = subprocess.run(["lxc-info", "-n", str(vmid), "-P", str(cfg.lxcpath), "-s"],
-                           capture_output=True, text=True, check=False).stdout  # fmt: skip
-    if "RUNNING" not in state:
+    if not cfg.init_running(vmid):
         die(f"container '{vmid}' not running!")
     if not command:
         die("missing command")
