@@ -11,7 +11,7 @@ import time
 import xml.etree.ElementTree as ElementTree
 
 from tests.deployed.suite_run import TRAINER_TESTS, run_suite
-from tests.helpers import PlaybookRun
+from tests.helpers import PlaybookRun, run_playbook
 from tests.integration.conftest import add_release
 from tests.testbed.bed import API_USER, Testbed
 from tests.testbed.node.storage import volume_folder
@@ -184,19 +184,25 @@ def test_snapshot_only_when_the_deploy_changes_something(bed, pct_playbook, sour
     assert [status for _, status in bed.task_results("vzsnapshot", vmid)] == ["OK"]
 
 
-def test_each_refusal_comes_before_any_change(bed, pct_playbook, source_repo):
+def test_each_refusal_comes_before_any_change(bed, bed_lock, source_repo, tmp_path):
     """A snapshot asked for a container with a bind mount point, a token without VM.Audit on
     the container, a snapshot name of 41 characters, a devN whose device the node lacks: each
-    fails in the check before preflight, naming the container, the value and the fix."""
+    fails in the check before preflight, naming the container, the value and the fix. (No env
+    is seeded: nothing may get as far as using one, and the state root must not even appear.)"""
     repo = str(source_repo("v1", V1))
     first, second = bed.vmids
+    root = "/opt/dflash-refused"
     secret = bed.add_token("one", {f"/vms/{first}": "PVEVMAdmin"})
+    common = {"dflash_source_dir": repo, "dflash_ref": "v1", "dflash_launch": False}
+
+    def deploy(host_vars: dict, **extravars: object) -> PlaybookRun:
+        group_vars = {"dflash_lock": bed_lock, "dflash_root": root}
+        inventory = bed.inventory(tmp_path / "inv.yml", host_vars=host_vars, group_vars=group_vars)
+        return run_playbook("deploy.yml", {**common, **extravars}, inventory=inventory)
+
     mark = bed.trace_mark()
-    run = pct_playbook(
-        "deploy.yml", dflash_source_dir=repo, dflash_ref="v1",
-        host_vars={first: {"dflash_proxmox_snapshot": {"retain": 2}},
-                   second: {"proxmox_api_token_id": "one", "proxmox_api_token_secret": secret}},
-    )  # fmt: skip
+    limited = {"proxmox_api_token_id": "one", "proxmox_api_token_secret": secret}
+    run = deploy({first: {"dflash_proxmox_snapshot": {"retain": 2}}, second: limited})
     assert run.rc != 0 and all(run.recap[bed.hostname(v)]["failed"] == 1 for v in bed.vmids)
     text = flat(run)
     assert f"container {first} cannot be snapshotted: mount point mp0 ({bed.wheelhouse}," in text
@@ -208,10 +214,8 @@ def test_each_refusal_comes_before_any_change(bed, pct_playbook, source_repo):
     assert f"the token lacks VM.Audit on /vms/{second}" in text
     bed.stop_container(second)
     bed.edit_config(second, values={"dev0": "/dev/nvidia9"})
-    run = pct_playbook(
-        "deploy.yml", dflash_source_dir=repo, dflash_ref="v1", dflash_proxmox_start_if_stopped=True,
-        host_vars={first: {"dflash_proxmox_snapshot": {"name_prefix": "p" * 26}}},
-    )  # fmt: skip
+    run = deploy({first: {"dflash_proxmox_snapshot": {"name_prefix": "p" * 26}}},
+                 dflash_proxmox_start_if_stopped=True)  # fmt: skip
     assert run.rc != 0 and all(run.recap[bed.hostname(v)]["failed"] == 1 for v in bed.vmids)
     text = flat(run)
     assert f"the snapshot names of container {first} would be 41 characters" in text
@@ -220,11 +224,9 @@ def test_each_refusal_comes_before_any_change(bed, pct_playbook, source_repo):
         text
     )
     assert f"node {bed.node} has no /dev/nvidia9" in text
-    # Nothing changed: no release anywhere, the stopped container still stopped, and the only
-    # change asked of the API was the start that Proxmox refused.
-    for vmid in bed.vmids:
-        probe = bed.attach(vmid, "test", "-e", f"{pct_playbook.root}/releases", check=False)
-        assert vmid == second or probe.returncode != 0
+    # Nothing changed: no state root, the stopped container still stopped, and the only change
+    # asked of the API was the start that Proxmox refused.
+    assert bed.attach(first, "test", "-e", root, check=False).returncode != 0
     assert bed.status(second) == "stopped"
     asked = [e["path"] for e in bed.api_calls(mark) if e["subcommand"] != "get"]
     assert asked == [f"/nodes/{bed.node}/lxc/{second}/status/start"]
