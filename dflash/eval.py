@@ -19,9 +19,10 @@ from torch import Tensor
 from dflash import checkpoint
 from dflash.data import load_jsonl, random_prompts
 from dflash.errors import ConfigError
+from dflash.flags import nonneg_int, positive_int
 from dflash.mask import attention_mask
 from dflash.model import Drafter, DrafterConfig
-from dflash.options import build_drafter, nonneg_int, positive_int
+from dflash.options import build_drafter
 from dflash.target import TINY, Target, load_target
 from dflash.topology import device_of, parse_gpu_list, require_gpus
 

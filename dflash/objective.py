@@ -7,9 +7,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# Loss decay per block size (DFlash recipe); other sizes need an explicit --gamma.
-DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
-
 
 def sample_anchors(
     loss_mask: Tensor, num_anchors: int, generator: torch.Generator, fixed: bool

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import signal
 import sys
 import threading
@@ -29,17 +28,8 @@ from dflash import checkpoint
 from dflash.assemble import build_server, build_trainer
 from dflash.cluster import Cluster, torchrun_rank
 from dflash.errors import ConfigError
+from dflash.flags import train_parser
 from dflash.model import DrafterConfig
-from dflash.options import (
-    add_drafter_args,
-    add_gen_args,
-    add_shape_args,
-    add_target_args,
-    nonneg_float,
-    nonneg_int,
-    positive_float,
-    positive_int,
-)
 from dflash.provenance import code_tree_sha256, header_lines, release_name
 from dflash.stages import StageWindow, stage_text
 from dflash.status import StatusFile, utc_now
@@ -59,104 +49,6 @@ def rank_log(cluster: Cluster) -> Callable[[str], None]:
     if cluster.me.target and cluster.rank == 0:
         return lambda message: log(f"[rank {cluster.rank}] {message}")
     return lambda message: None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m dflash.train", description="Train a DFlash drafter for a frozen target."
-    )
-    add_target_args(parser)
-    gpus = parser.add_argument_group("GPU roles (both empty: CPU)")
-    gpus.add_argument(
-        "--target-gpus", default="", help="GPUs running the target, e.g. 0-3 or 0,1 (default: none)"
-    )
-    gpus.add_argument(
-        "--drafter-gpus",
-        default="",
-        help="GPUs training the drafter; equal to --target-gpus = colocated",
-    )
-    gpus.add_argument(
-        "--prefetch",
-        type=positive_int,
-        default=2,
-        help="split mode: batches a target rank may run ahead of its drafter ranks (default 2)",
-    )
-    gpus.add_argument(
-        "--dist-timeout",
-        type=positive_float,
-        default=1800.0,
-        help="seconds any wait between ranks may take before the job fails, start-up "
-        "(loading, generating data) and compilation included (default 1800)",
-    )
-    gpus.add_argument(  # tests: the ranks of the GPU lists as processes on the CPU (gloo)
-        "--cpu-ranks", action="store_true", help=argparse.SUPPRESS
-    )
-    add_drafter_args(parser)
-    add_shape_args(parser)
-    parser.add_argument(
-        "--compile-drafter",
-        action="store_true",
-        help="torch.compile the drafter step (static shapes)",
-    )
-    parser.add_argument(
-        "--data", default=None, help="JSONL training data (default: the target's own continuations)"
-    )
-    add_gen_args(parser, samples=512)
-    optim = parser.add_argument_group("optimisation")
-    optim.add_argument("--lr", type=positive_float, default=6e-4, help="peak AdamW lr")
-    optim.add_argument(
-        "--warmup-ratio",
-        type=nonneg_float,
-        default=0.04,
-        help="share of --max-steps spent warming the lr up (default 0.04)",
-    )
-    optim.add_argument("--grad-clip", type=positive_float, default=1.0)
-    optim.add_argument(
-        "--max-steps",
-        type=positive_int,
-        default=100_000,
-        help="stop (checkpoint, status stopped, exit 0) after this many steps; "
-        "also the length of the cosine schedule",
-    )
-    optim.add_argument("--seed", type=nonneg_int, default=0)
-    run = parser.add_argument_group("run")
-    run.add_argument("--run-id", default=f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-    run.add_argument("--checkpoint-dir", default="checkpoints")
-    run.add_argument(
-        "--checkpoint-every",
-        type=positive_int,
-        default=1000,
-        help="steps between periodic checkpoints (default 1000)",
-    )
-    run.add_argument(
-        "--keep-checkpoints",
-        type=nonneg_int,
-        default=0,
-        help="delete all but the newest N checkpoints (default 0: keep all)",
-    )
-    run.add_argument("--status-file", default="status.json")
-    run.add_argument(
-        "--status-interval",
-        type=positive_float,
-        default=2.0,
-        help="seconds between status.json heartbeats (default 2)",
-    )
-    run.add_argument(
-        "--log-every", type=positive_int, default=10, help="steps between log lines (default 10)"
-    )
-    run.add_argument(
-        "--sleep-per-step",
-        type=nonneg_float,
-        default=0.0,
-        help="developer flag: sleep this long after each step (a slow release)",
-    )
-    run.add_argument(
-        "--target-random-init",
-        action="store_true",
-        help="developer flag: build --target-model's config.json with random weights "
-        "(benchmarks; needs --mask-token-id)",
-    )
-    return parser
 
 
 def resume_plan(folder: Path, cfg: DrafterConfig) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -368,7 +260,7 @@ class StopRequest:
 
 def main(argv: list[str] | None = None) -> int:
     code_tree_sha256()  # hash the code first: that is the code this process holds
-    args = build_parser().parse_args(argv)
+    args = train_parser().parse_args(argv)
     rank, world_size = torchrun_rank()
     # Until the layout names the lead, rank 0 reports (a bad flag fails every rank alike).
     status = StatusFile(

@@ -10,7 +10,7 @@ from typing import Any
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
 )
-from dflash_layout import LayoutError, gpu_layout, trainer_env, trainer_flags
+from dflash_layout import LayoutError, env_warnings, gpu_layout, trainer_env, trainer_flags
 from dflash_lock import lock_id, lock_problems
 from dflash_release import release_id_problem
 
@@ -263,7 +263,7 @@ def dflash_report_lines(findings: list[dict]) -> list[str]:
 def dflash_run_spec(data: dict) -> dict:
     """What run.sh will say, validated: GPU layout, trainer flags (one [flag, value?] group
     per line of run.sh) and environment; `problems` lists every bad input, each naming the
-    value and the fix."""
+    value and the fix, `warnings` what is allowed but changes what runs."""
     spec: dict = {"problems": []}
     checks = {
         "layout": lambda: gpu_layout(
@@ -278,6 +278,7 @@ def dflash_run_spec(data: dict) -> dict:
             spec[key] = check()
         except LayoutError as err:
             spec["problems"].append(str(err))
+    spec["warnings"] = env_warnings(spec.get("env") or {})
     return spec
 
 

@@ -92,13 +92,23 @@ def restore_target(
 ) -> dict:
     """What a failed launch goes back to: the newest healthy deployment whose release is still
     on the target and that is not the very thing that failed (same release and run.sh); else
-    what was current, as its newest good line recorded it; else {} (nothing to go back to)."""
+    what was current, as its newest good line recorded it; else {} (nothing to go back to).
+    When what failed is exactly what was current, nothing is: an older deployment is not
+    swapped in for a failure that no change made (rollback.yml does that when asked)."""
 
     def tried(entry: dict) -> bool:
         return (entry.get("release"), entry.get("run_sh_sha256")) == (
             failed_release,
             failed_run_sh_sha256,
         )
+
+    now = next(
+        (e for e in reversed(history)
+         if e.get("release") == current and e.get("result") in ("healthy", "deployed")),
+        None,
+    )  # fmt: skip
+    if now is not None and tried(now):
+        return {}
 
     for entry in reversed(history):
         healthy = entry.get("result") == "healthy" and entry.get("release") in releases

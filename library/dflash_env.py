@@ -31,6 +31,16 @@ options:
     description: Seconds the install may take.
     type: int
     default: 1800
+  token:
+    description:
+      - The deploy lock's token of this run (M(dflash_deploy_lock)). A build ends, and its pip
+        with it, when this run loses the lock or its ansible-playbook process dies.
+    type: str
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
 author: dflash-deploy
 """
 
@@ -76,15 +86,20 @@ diff:
   returned: when changed
 """
 
-import glob
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_deploy_lock import LockError, Watchdog, fence
+from ansible.module_utils.dflash_envcheck import EnvError, check_wheelhouse, find_python
 from ansible.module_utils.dflash_lock import (
     installed_versions,
     lock_id,
@@ -92,77 +107,12 @@ from ansible.module_utils.dflash_lock import (
     normalize,
     pinned,
     version_drift,
-    wheel_name_version,
 )
-from ansible.module_utils.dflash_release import sha256_file
 from ansible.module_utils.dflash_state import current_release, deployment_index, read_history
 
 MARKER = ".dflash-env.json"
 # Oldest driver that runs a CUDA major version (minor version compatibility).
 MIN_DRIVER = {"11": (450, 80), "12": (525, 60), "13": (580, 65)}
-
-
-class EnvError(Exception):
-    pass
-
-
-def find_python(wanted: str) -> str:
-    """An interpreter of the locked version: 3.11 matches any 3.11.x, 3.11.2 only itself."""
-    major_minor = ".".join(wanted.split(".")[:2])
-    seen = []
-    for candidate in (f"python{major_minor}", "python3"):
-        path = shutil.which(candidate)
-        if not path:
-            continue
-        proc = subprocess.run(
-            [path, "-c", "import platform; print(platform.python_version())"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        version = proc.stdout.strip()
-        seen.append(f"{path} ({version or 'broken'})")
-        if version == wanted or (version.startswith(major_minor + ".") and wanted == major_minor):
-            return path
-    raise EnvError(
-        f"the lock wants Python {wanted}, but the target has {', '.join(seen) or 'no python3'}; "
-        f"install python{major_minor} in the container or lock the Python it has"
-    )
-
-
-def wheelhouse_files(folder: str) -> dict[tuple[str, str], str]:
-    if not os.path.isdir(folder):
-        raise EnvError(
-            f"the lock's wheelhouse {folder} is not a folder on the target; mount it into the "
-            "container (Proxmox mpN) or fix dflash_lock.source.wheelhouse"
-        )
-    found = {}
-    for path in glob.glob(os.path.join(folder, "*.whl")):
-        parsed = wheel_name_version(os.path.basename(path))
-        if parsed:
-            found[parsed] = path
-    return found
-
-
-def check_wheelhouse(lock: dict, folder: str) -> dict[tuple[str, str], str]:
-    """Every pinned wheel is there, with the locked hash where one is given."""
-    files = wheelhouse_files(folder)
-    hashes = {normalize(k): v for k, v in (lock.get("sha256") or {}).items()}
-    for name, version in sorted(pinned(lock).items()):
-        path = files.get((name, version))
-        if path is None:
-            have = sorted(v for (n, v) in files if n == name)
-            raise EnvError(
-                f"the lock pins {name}=={version} but the wheelhouse {folder} has "
-                f"{'versions ' + ', '.join(have) if have else 'no ' + name + ' wheel'}; add that "
-                "wheel (ansible-playbook playbooks/wheelhouse.yml) or fix the lock"
-            )
-        if name in hashes and sha256_file(path) != hashes[name]:
-            raise EnvError(
-                f"{os.path.basename(path)} in {folder} has sha256 {sha256_file(path)}, the lock "
-                f"says {hashes[name]}; replace the wheel or fix dflash_lock.sha256.{name}"
-            )
-    return files
 
 
 def pip_command(lock: dict, env_python: str, files: dict) -> list[str]:
@@ -217,18 +167,35 @@ def requirements_file(lock: dict) -> str:
     return handle.name
 
 
-def run_checked(cmd: list[str], timeout: int, what: str, env: dict | None = None) -> str:
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env
-        )
-    except subprocess.TimeoutExpired as err:
-        raise EnvError(f"{what} took longer than {timeout} s; raise pip_timeout") from err
+def run_checked(
+    cmd: list[str], timeout: int, what: str, env: dict | None = None,
+    check: Callable[[], None] = lambda: None,
+) -> str:  # fmt: skip
+    """Run `cmd` in its own process group; `check()` raising (the play is gone) or the
+    timeout ends it, and everything it started, at once."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=err, env=env, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        try:
+            while proc.poll() is None:
+                check()
+                if time.monotonic() > deadline:
+                    raise EnvError(f"{what} took longer than {timeout} s; raise pip_timeout")
+                time.sleep(0.2)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     if proc.returncode != 0:
-        raise EnvError(
-            f"{what} failed (exit {proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}"
-        )
-    return proc.stdout
+        raise EnvError(f"{what} failed (exit {proc.returncode}): {(stderr or stdout)[-2000:]}")
+    return stdout
 
 
 def driver_version() -> str | None:
@@ -275,10 +242,14 @@ def check_runtime(lock: dict, env_python: str) -> dict:
     return {"torch": torch_version, "cuda": cuda, "driver": driver}
 
 
-def build(lock: dict, env_dir: str, python: str, files: dict, timeout: int) -> dict:
+def build(
+    lock: dict, env_dir: str, python: str, files: dict, timeout: int, check: Callable[[], None]
+) -> dict:
     if os.path.exists(env_dir):
         shutil.rmtree(env_dir)
-    run_checked([python, "-m", "venv", "--without-pip", env_dir], 300, "creating the venv")
+    run_checked(
+        [python, "-m", "venv", "--without-pip", env_dir], 300, "creating the venv", check=check
+    )
     env_python = os.path.join(env_dir, "bin", "python")
     reqs = requirements_file(lock)
     try:
@@ -289,6 +260,7 @@ def build(lock: dict, env_dir: str, python: str, files: dict, timeout: int) -> d
             timeout,
             "pip install of the locked wheels",
             env=pip_env,
+            check=check,
         )
     finally:
         os.unlink(reqs)
@@ -401,7 +373,14 @@ def run(module: AnsibleModule) -> dict:
     if module.check_mode:
         return result
     os.makedirs(os.path.dirname(env_dir), exist_ok=True)
-    result["versions"] = build(lock, env_dir, python, files, module.params["pip_timeout"])
+    token = module.params["token"]
+    if token:
+        fence(root, token, phase="environment")
+    # A build dies with the play that asked for it (the watchdog), never left as an orphan.
+    with Watchdog(root, token) as dog:
+        result["versions"] = build(
+            lock, env_dir, python, files, module.params["pip_timeout"], dog.check
+        )
     return result
 
 
@@ -411,12 +390,13 @@ def main() -> None:
             "root": {"type": "path", "required": True},
             "lock": {"type": "dict", "required": True},
             "pip_timeout": {"type": "int", "default": 1800},
+            "token": {"type": "str", "no_log": False},
         },
         supports_check_mode=True,
     )
     try:
         module.exit_json(**run(module))
-    except EnvError as err:
+    except (EnvError, LockError) as err:
         module.fail_json(msg=str(err))
 
 

@@ -23,6 +23,15 @@ options:
     description: How many of the newest history entries to return.
     type: int
     default: 50
+  check_release:
+    description: A release id whose files on the target are checked against its manifest.
+    type: str
+  lock:
+    description: An environment lock whose Python and wheelhouse are checked on the target.
+    type: dict
+attributes:
+  check_mode:
+    support: full
 author: dflash-deploy
 """
 
@@ -101,6 +110,24 @@ checkpoints:
   description: C(count) and C(newest) checkpoint.
   type: dict
   returned: always
+deploy_lock:
+  description: The deploy lock of a run in progress or interrupted (null when none), with
+    C(age_s) and C(holder_alive) (null where the target cannot tell).
+  type: dict
+  returned: always
+root_writable:
+  description: C(ok), C(folder) probed and C(error), from creating a file there.
+  type: dict
+  returned: always
+release_check:
+  description: C(present) and C(drift) (changed, missing, extra) of I(check_release).
+  type: dict
+  returned: when check_release is given
+lock_problems:
+  description: Why I(lock) cannot be built on this target (its Python, missing wheels).
+  type: list
+  elements: str
+  returned: when lock is given
 """
 
 import os
@@ -110,6 +137,8 @@ import time
 from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_checks import environment_check, release_check, writable
+from ansible.module_utils.dflash_deploy_lock import read_lock
 from ansible.module_utils.dflash_lock import installed_versions, version_drift
 from ansible.module_utils.dflash_procs import find_trainers
 from ansible.module_utils.dflash_release import file_drift, tree_sha256
@@ -220,6 +249,7 @@ def checkpoints(root: str) -> dict:
 
 
 def gather(root: str, checksums: bool, history_limit: int) -> dict:
+    """The state of the root; the preflight questions are added by main()."""
     release, link = current_release(root)
     manifests = release_manifests(root)
     available = list(manifests)
@@ -232,6 +262,9 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
             "release": release,
             "link": link,
             "dangling": link is not None and release is None,
+            # A folder or file copied over the link by hand.
+            "not_a_link": os.path.lexists(os.path.join(root, CURRENT))
+            and not os.path.islink(os.path.join(root, CURRENT)),
             "manifest": None,
         },
         "releases": available,
@@ -241,6 +274,8 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
         "stale_temp": stale_temp_dirs(root),
         "gpus": gpus(),
         "run_sh": read_run_script(root),
+        "deploy_lock": read_lock(root),
+        "root_writable": writable(root),
     }
     if release:
         folder = os.path.join(root, RELEASES, release)
@@ -271,13 +306,18 @@ def main() -> None:
             "root": {"type": "path", "required": True},
             "checksums": {"type": "bool", "default": True},
             "history_limit": {"type": "int", "default": 50},
+            "check_release": {"type": "str"},
+            "lock": {"type": "dict"},
         },
         supports_check_mode=True,
     )
     params = module.params
-    module.exit_json(
-        changed=False, **gather(params["root"], params["checksums"], params["history_limit"])
-    )
+    facts = gather(params["root"], params["checksums"], params["history_limit"])
+    if params["check_release"]:
+        facts["release_check"] = release_check(params["root"], params["check_release"])
+    if params["lock"] is not None:
+        facts["lock_problems"] = environment_check(params["lock"])
+    module.exit_json(changed=False, **facts)
 
 
 if __name__ == "__main__":

@@ -115,8 +115,11 @@ def test_a_failed_launch_goes_back_to_the_newest_healthy_deployment_that_is_not_
     ]
     # v4 failed: back to v3, the newest healthy one.
     assert restore_target(history, releases, "v3", "v4", "d")["release"] == "v3"
-    # v3 relaunched with the same run.sh failed: not itself again, but v1.
-    assert restore_target(history, releases, "v3", "v3", "c")["release"] == "v1"
+    # v3 relaunched with the same run.sh failed: that was what ran, so there is nothing to go
+    # back to; the older v1 is not swapped in unasked (rollback.yml does that).
+    assert restore_target(history, releases, "v3", "v3", "c") == {}
+    # But after a rollback.yml to v1 failed (current still v3), v3 comes back.
+    assert restore_target(history, releases, "v3", "v1", "a")["release"] == "v3"
     # v3 with a new run.sh failed: v3 with its recorded run.sh.
     assert restore_target(history, releases, "v3", "v3", "x")["run_sh_sha256"] == "c"
     # A pruned release is no target; with no healthy one left, what was current (staged v2).

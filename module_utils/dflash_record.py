@@ -1,0 +1,74 @@
+# One deployment as a history.jsonl line (README "history.yml and diff.yml"): built from the
+# release's manifest, run.sh and what the caller knows (lock, run.sh values, run id, tokens/s),
+# and written by the step that makes it true (the launch once the trainer is healthy, the
+# record step otherwise), once: a rerun or a second writer finds it there.
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from ansible.module_utils.dflash_release import sha256_bytes
+from ansible.module_utils.dflash_state import (
+    GOOD_RESULTS,
+    append_history,
+    read_history,
+    read_run_script,
+)
+
+# What makes two lines the same deployment of a state root.
+IDENTITY = ("release", "tree_sha256", "run_sh_sha256", "lock_id")
+DEPLOY_ACTIONS = ("deploy", "rollback")
+
+
+def history_entry(
+    root: str, manifest: dict, fields: dict, *, release: str, action: str, result: str,
+    previous: str | None, run_sh_text: str | None = None,
+) -> dict:  # fmt: skip
+    """The line: where the code came from (its manifest), the caller's fields, run.sh as
+    deployed (its hash and its text, so a rollback can restore it exactly)."""
+    entry = {key: manifest.get(key) for key in ("ref", "commit", "dirty")}
+    entry.update(fields)
+    if run_sh_text is None:
+        run_sh = read_run_script(root)
+        entry.update(run_sh_sha256=run_sh["sha256"], run_sh_text=run_sh["content"])
+    else:
+        entry.update(run_sh_sha256=sha256_bytes(run_sh_text.encode()), run_sh_text=run_sh_text)
+    entry.update(
+        time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        action=action,
+        release=release,
+        tree_sha256=manifest.get("tree_sha256"),
+        previous=previous,
+        result=result,
+    )
+    return entry
+
+
+def last_deployment(history: list[dict]) -> dict | None:
+    """The newest line that made something current (a good deploy or rollback)."""
+    for entry in reversed(history):
+        if entry.get("action", "deploy") in DEPLOY_ACTIONS and entry.get("result") in GOOD_RESULTS:
+            return entry
+    return None
+
+
+def already_recorded(history: list[dict], entry: dict) -> bool:
+    """Whether history already says that `entry` is what is deployed: the same trainer run, or
+    (a deployment without a trainer) a newest deployment line of the same release, tree,
+    run.sh and env."""
+    if entry.get("result") not in GOOD_RESULTS:
+        return False
+    run_id = entry.get("run_id")
+    if run_id:
+        # A launched trainer is recorded once, by its run id (the launch, or the next run that
+        # adopted it after an interrupted one).
+        return any(e.get("run_id") == run_id and e.get("result") in GOOD_RESULTS for e in history)
+    last = last_deployment(history)
+    return last is not None and all(last.get(key) == entry.get(key) for key in IDENTITY)
+
+
+def record_once(root: str, entry: dict) -> bool:
+    """Append `entry` unless history already has it; True when a line was written."""
+    if already_recorded(read_history(root), entry):
+        return False
+    append_history(root, entry)
+    return True
