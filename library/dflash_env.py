@@ -86,20 +86,18 @@ diff:
   returned: when changed
 """
 
-import contextlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_deploy_lock import LockError, Watchdog, fence
 from ansible.module_utils.dflash_envcheck import EnvError, check_wheelhouse, find_python
+from ansible.module_utils.dflash_guarded import CommandError, run_checked
 from ansible.module_utils.dflash_lock import (
     installed_versions,
     lock_id,
@@ -167,37 +165,6 @@ def requirements_file(lock: dict) -> str:
     return handle.name
 
 
-def run_checked(
-    cmd: list[str], timeout: int, what: str, env: dict | None = None,
-    check: Callable[[], None] = lambda: None,
-) -> str:  # fmt: skip
-    """Run `cmd` in its own process group; `check()` raising (the play is gone) or the
-    timeout ends it, and everything it started, at once."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=err, env=env, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + timeout
-        try:
-            while proc.poll() is None:
-                check()
-                if time.monotonic() > deadline:
-                    raise EnvError(f"{what} took longer than {timeout} s; raise pip_timeout")
-                time.sleep(0.2)
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
-    if proc.returncode != 0:
-        raise EnvError(f"{what} failed (exit {proc.returncode}): {(stderr or stdout)[-2000:]}")
-    return stdout
-
-
 def driver_version() -> str | None:
     smi = shutil.which("nvidia-smi")
     if not smi:
@@ -261,6 +228,7 @@ def build(
             "pip install of the locked wheels",
             env=pip_env,
             check=check,
+            timeout_name="pip_timeout",
         )
     finally:
         os.unlink(reqs)
@@ -396,7 +364,7 @@ def main() -> None:
     )
     try:
         module.exit_json(**run(module))
-    except (EnvError, LockError) as err:
+    except (EnvError, CommandError, LockError) as err:
         module.fail_json(msg=str(err))
 
 

@@ -6,17 +6,12 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from ansible.module_utils.dflash_lines import GOOD_RESULTS, last_deployment
 from ansible.module_utils.dflash_release import sha256_bytes
-from ansible.module_utils.dflash_state import (
-    GOOD_RESULTS,
-    append_history,
-    read_history,
-    read_run_script,
-)
+from ansible.module_utils.dflash_state import append_history, read_history, read_run_script
 
 # What makes two lines the same deployment of a state root.
 IDENTITY = ("release", "tree_sha256", "run_sh_sha256", "lock_id")
-DEPLOY_ACTIONS = ("deploy", "rollback")
 
 
 def history_entry(
@@ -41,14 +36,6 @@ def history_entry(
         result=result,
     )
     return entry
-
-
-def last_deployment(history: list[dict]) -> dict | None:
-    """The newest line that made something current (a good deploy or rollback)."""
-    for entry in reversed(history):
-        if entry.get("action", "deploy") in DEPLOY_ACTIONS and entry.get("result") in GOOD_RESULTS:
-            return entry
-    return None
 
 
 def already_recorded(history: list[dict], entry: dict) -> bool:

@@ -31,6 +31,12 @@ class PlaybookRun:
     def changed(self, host: str = "local") -> int:
         return self.recap[host]["changed"]
 
+    @property
+    def text(self) -> str:
+        """The output with every run of whitespace made one space: messages as one line,
+        however the YAML callback wrapped them."""
+        return " ".join(self.output.split())
+
 
 def playbook_env() -> dict[str, str]:
     env = dict(os.environ)

@@ -16,7 +16,15 @@ def _load(name: str, path) -> None:
     spec.loader.exec_module(module)
 
 
-for _name in ("dflash_release", "dflash_state", "dflash_lock", "dflash_history", "dflash_procs"):
+for _name in (
+    "dflash_lines",
+    "dflash_deploy_lock",
+    "dflash_release",
+    "dflash_state",
+    "dflash_lock",
+    "dflash_history",
+    "dflash_procs",
+):
     _load(f"ansible.module_utils.{_name}", REPO / "module_utils" / f"{_name}.py")
 _load("dflash_filters", REPO / "filter_plugins" / "dflash.py")
 _load("dflash_history_filters", REPO / "filter_plugins" / "dflash_history.py")
