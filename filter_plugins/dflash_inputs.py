@@ -9,6 +9,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 _NAME = re.compile(r"\bdflash_[a-z0-9_]+\b")
+# YAML comments (a whole line, or after a space): prose may name a typo as an example.
+_COMMENT = re.compile(r"(^|\s)#.*$", re.MULTILINE)
 # Where every variable the toolkit reads is named: role defaults, argument specs, tasks,
 # templates and playbooks.
 _SOURCES = ("roles/**/*.yml", "roles/**/*.j2", "playbooks/*.yml", "inventory/*.yml")
@@ -19,7 +21,8 @@ def known_names() -> frozenset[str]:
     names: set[str] = set()
     for pattern in _SOURCES:
         for path in REPO.glob(pattern):
-            names.update(_NAME.findall(path.read_text(encoding="utf-8", errors="replace")))
+            text = _COMMENT.sub("", path.read_text(encoding="utf-8", errors="replace"))
+            names.update(_NAME.findall(text))
     return frozenset(names)
 
 

@@ -15,6 +15,9 @@ description:
     env; an env is never re-installed for another lock. An env of this lock whose packages were
     changed by hand is rebuilt, and the drift is returned.
   - The env is marked complete only at the end, so a killed build is rebuilt next time.
+  - A lock whose source is an existing interpreter (C(source.python)) adopts it. Nothing is
+    installed into it; it must hold every pin (and torch its CUDA build), else the module fails
+    naming each difference. C(envs/<lock-id>/) then only records the adoption.
   - In check mode nothing is created; the result says whether the env would be built and, with
     C(--diff), shows the pins of the env the current deployment uses (or the drifted env as
     installed) against the pins of the lock.
@@ -88,7 +91,6 @@ diff:
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -96,9 +98,16 @@ from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_deploy_lock import LockError, Watchdog, fence
-from ansible.module_utils.dflash_envcheck import EnvError, check_wheelhouse, find_python
+from ansible.module_utils.dflash_envcheck import (
+    EnvError,
+    check_adopted,
+    check_runtime,
+    check_wheelhouse,
+    find_python,
+)
 from ansible.module_utils.dflash_guarded import CommandError, run_checked
 from ansible.module_utils.dflash_lock import (
+    adopts,
     installed_versions,
     lock_id,
     lock_problems,
@@ -109,8 +118,6 @@ from ansible.module_utils.dflash_lock import (
 from ansible.module_utils.dflash_state import current_release, deployment_index, read_history
 
 MARKER = ".dflash-env.json"
-# Oldest driver that runs a CUDA major version (minor version compatibility).
-MIN_DRIVER = {"11": (450, 80), "12": (525, 60), "13": (580, 65)}
 
 
 def pip_command(lock: dict, env_python: str, files: dict) -> list[str]:
@@ -163,50 +170,6 @@ def requirements_file(lock: dict) -> str:
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
         handle.write("\n".join(lines) + "\n")
     return handle.name
-
-
-def driver_version() -> str | None:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
-    proc = subprocess.run(
-        [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    lines = proc.stdout.split()
-    return lines[0] if proc.returncode == 0 and lines else None
-
-
-def check_runtime(lock: dict, env_python: str) -> dict:
-    if not lock.get("torch"):
-        return {"torch": None, "cuda": None, "driver": driver_version()}
-    out = run_checked(
-        [
-            env_python,
-            "-c",
-            "import json, torch; print(json.dumps([torch.__version__, torch.version.cuda]))",
-        ],
-        300,
-        "importing torch in the new env",
-    )
-    torch_version, cuda = json.loads(out.strip().splitlines()[-1])
-    if torch_version != str(lock["torch"]):
-        raise EnvError(f"torch.__version__ is {torch_version}, the lock says {lock['torch']}")
-    if "cuda" in lock and (lock["cuda"] or None) != cuda:
-        raise EnvError(f"torch.version.cuda is {cuda}, the lock says {lock['cuda']}")
-    driver = driver_version()
-    if cuda and driver:
-        need = MIN_DRIVER.get(cuda.split(".")[0])
-        have = tuple(int(x) for x in re.findall(r"\d+", driver)[:2])
-        if need and have < need:
-            raise EnvError(
-                f"the NVIDIA driver {driver} is older than CUDA {cuda} needs "
-                f"({need[0]}.{need[1]} or newer); upgrade the node's driver or lock a torch "
-                "built for an older CUDA"
-            )
-    return {"torch": torch_version, "cuda": cuda, "driver": driver}
 
 
 def build(
@@ -314,6 +277,26 @@ def explain(root: str, lock: dict, lid: str, env_dir: str, drift: list[dict], ch
     }
 
 
+def adopt(lock: dict, env_dir: str, check_mode: bool) -> dict:
+    """An existing interpreter as the env: checked against the pins (preflight did it before
+    any change, this proves it again), recorded in envs/<lock-id>/, never installed into."""
+    python = str(adopts(lock))
+    versions = check_adopted(lock)
+    marker = os.path.join(env_dir, MARKER)
+    result = {
+        "python": python,
+        "versions": versions,
+        "changed": not os.path.isfile(marker),
+        "msg": f"{python} holds every pin of the lock (adopted as it is, never changed)",
+    }
+    if result["changed"] and not check_mode:
+        os.makedirs(env_dir, exist_ok=True)
+        with open(marker, "w", encoding="utf-8") as handle:
+            json.dump({"lock_id": lock_id(lock), "lock": lock, "adopted": python,
+                       "versions": versions}, handle, indent=2)  # fmt: skip
+    return result
+
+
 def run(module: AnsibleModule) -> dict:
     lock, root = module.params["lock"], module.params["root"]
     problems = lock_problems(lock)
@@ -329,6 +312,9 @@ def run(module: AnsibleModule) -> dict:
         "drift": [],
         "msg": f"envs/{lid} holds exactly the locked wheels",
     }
+    if adopts(lock):
+        result.update(adopt(lock, env_dir, module.check_mode))
+        return result
     python = find_python(str(lock["python"]))
     source = lock["source"]
     files = check_wheelhouse(lock, source["wheelhouse"]) if source.get("wheelhouse") else {}

@@ -139,7 +139,12 @@ from datetime import datetime, timezone
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_checks import environment_check, release_check, writable
 from ansible.module_utils.dflash_deploy_lock import read_lock
-from ansible.module_utils.dflash_lock import installed_versions, version_drift
+from ansible.module_utils.dflash_lock import (
+    adopts,
+    installed_versions,
+    interpreter_versions,
+    version_drift,
+)
 from ansible.module_utils.dflash_procs import find_trainers
 from ansible.module_utils.dflash_release import file_drift, tree_sha256
 from ansible.module_utils.dflash_state import (
@@ -221,11 +226,15 @@ def environment(root: str, lock_id: str | None) -> dict | None:
     env_dir = os.path.join(root, "envs", lock_id)
     marker = read_json(os.path.join(env_dir, ".dflash-env.json"))
     lock = (marker or {}).get("lock")
+    # An adopted interpreter (source.python) is read where it is, not under envs/.
+    python = adopts(lock) if lock else None
+    installed = (interpreter_versions(python) or {}) if python else installed_versions(env_dir)
     return {
         "lock_id": lock_id,
         "path": env_dir,
+        "adopted": python,
         "exists": marker is not None,
-        "drift": version_drift(lock, installed_versions(env_dir)) if lock else [],
+        "drift": version_drift(lock, installed) if lock else [],
     }
 
 

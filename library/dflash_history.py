@@ -28,6 +28,10 @@ options:
   diff_to:
     description: The newer side of the diff, with the same selectors.
     type: str
+attributes:
+  check_mode:
+    support: full
+    details: Reads only; runs the same in check mode.
 author: dflash-deploy
 """
 

@@ -26,6 +26,10 @@ options:
     description: Controller folder for the archives.
     type: path
     required: true
+attributes:
+  check_mode:
+    support: full
+    details: Writes only the controller's build folder, never a target, so it runs in check mode too.
 author: dflash-deploy
 """
 

@@ -26,7 +26,7 @@ def release_dir(root: str, release: str) -> str:
     if problem:
         raise StateError(
             f"release '{release}' is not a valid release id: {problem}; "
-            "use a tag name such as v1.4.0 or an id listed by verify.yml"
+            "use a tag name such as v1.4.0 or a release id that history.yml lists"
         )
     return os.path.join(root, RELEASES, release)
 

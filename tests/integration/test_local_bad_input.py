@@ -11,6 +11,8 @@ import pytest
 from tests.helpers import REPO, git_source, run_playbook, seed_target
 
 V1 = {"dflash/__init__.py": "VERSION = 1\n"}
+# The real flag definitions, so preflight checks trainer flags with this release's parser.
+WITH_FLAGS = {**V1, "dflash/flags.py": (REPO / "dflash" / "flags.py").read_text()}
 
 
 def snapshot(root: Path) -> dict[str, bytes | str]:
@@ -36,7 +38,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory, local_envs: Path) -> dict
     """One target with v1 deployed, shared by every bad-input case: each must leave it exactly
     as it was (the snapshot says so), so sharing it costs no independence."""
     base = tmp_path_factory.mktemp("bad-input")
-    repo = git_source(base / "source")("v1", V1)
+    repo = git_source(base / "source")("v1", WITH_FLAGS)
     root = base / "target" / "dflash"
     seed_target(root, local_envs)
     variables = {

@@ -13,11 +13,15 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import REPO, playbook_command, playbook_env
 from tests.integration.conftest import TRAINER_ARGS, add_release, alive, read_json, status_of
 
-# Long enough that a kill lands inside the health wait, short on a loaded CI machine.
+# A health wait long enough for a kill to land inside it: 12 steps of at least 0.25 s, with
+# status.json rewritten every 0.5 s, so the test sees the trainer running and not yet proven.
 HEALTH_STEPS = 12
+SLOW_ENOUGH = {**TRAINER_ARGS, "gen_samples": 16, "sleep_per_step": 0.25, "status_interval": 0.5}
 
 
 def history(root: Path) -> list[dict]:
@@ -98,20 +102,31 @@ def new_run_started(root: Path, before: str | None):
 def training_not_healthy(root: Path, before: str | None):
     def check() -> bool:
         status = status_of(root)
+        # Steps of this run: a restarted trainer resumes its checkpoint's step count.
+        done = status.get("step", 0) - (status.get("resumed_from_step") or 0)
         return (
             new_run_started(root, before)()
             and status.get("state") == "running"
-            and 1 <= status.get("step", 0) < HEALTH_STEPS
+            and 1 <= done < HEALTH_STEPS
         )
 
     return check
 
 
-def test_kill_9_at_each_step_then_a_plain_rerun_converges(trainer_repo, playbook, target_root):
+@pytest.fixture
+def stopped_after(playbook):
+    """stop.yml once the test is done, passed or failed: no trainer outlives it."""
+    yield
+    playbook("playbooks/stop.yml", dflash_stop_timeout=20)
+
+
+def test_kill_9_at_each_step_then_a_plain_rerun_converges(
+    trainer_repo, playbook, target_root, stopped_after
+):
     base = {
         "dflash_source_dir": str(trainer_repo),
         "dflash_launch": True,
-        "dflash_trainer_args": TRAINER_ARGS,
+        "dflash_trainer_args": SLOW_ENOUGH,
         "dflash_health_timeout": 240,
         "dflash_health_steps": HEALTH_STEPS,
     }

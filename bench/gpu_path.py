@@ -1,0 +1,214 @@
+"""The whole toolkit path on a GPU machine, as a user runs it, with the local connection:
+deploy.yml (a GPU run.sh, torchrun, the compile cache fingerprinted with the GPU's name, the
+health gate on GPU tokens/s) -> verify.yml -> a warm compile cache and a restart -> a release
+with changed code -> rollback.yml -> verify.yml -> stop.yml. Prints one table: step, seconds,
+result, and for each deploy the time from the trainer's start to its first step, tokens/s at
+the health check and the seconds by role.
+
+    python3 bench/gpu_path.py [--root DIR] [--target tiny|8b|both] [--gpu 0]
+
+Run it from the repository root with the Python that holds torch (its interpreter is adopted
+as the training environment: `dflash_lock.source.python`), with ansible-core importable
+(`python3 -m ansible`). Everything it writes stays under --root (default: a new temp folder).
+The `8b` target is bench/trainer/pipeline.py's random Qwen3-8B-shaped one (a cold compile
+of its drafter step takes minutes). Without a CUDA GPU it exits 0 saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+# What the trainer imports besides torch and triton, pinned to what this interpreter holds.
+PINNED = ("transformers", "safetensors", "tokenizers", "huggingface-hub", "numpy")
+
+
+def lock_of_this_python() -> dict[str, Any]:
+    import torch
+
+    wheels = {name: importlib.metadata.version(name) for name in PINNED}
+    triton = importlib.metadata.version("triton") if torch.version.cuda else None
+    return {
+        "python": ".".join(platform.python_version_tuple()[:2]),
+        "torch": torch.__version__,
+        "triton": triton,
+        "cuda": torch.version.cuda,
+        "wheels": wheels,
+        "source": {"python": sys.executable},
+    }
+
+
+def inventory(root: Path, gpu: int | None, lock: dict, args: dict) -> Path:
+    gpus = [] if gpu is None else [gpu]
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "dflash_root": str(root / "state"),
+        "dflash_lock": lock,
+        "dflash_target_gpus": gpus,
+        "dflash_drafter_gpus": gpus,
+        "dflash_colocated": bool(gpus),
+        "dflash_trainer_args": args,
+        "dflash_health_timeout": 900,
+        "dflash_stop_timeout": 180,
+        "dflash_health_steps": 3,
+        # One figure on a machine nobody else uses: the gate stays on, at the default.
+    }
+    path = root / "inventory.json"
+    path.write_text(json.dumps({"all": {"children": {"dflash_targets": {"hosts": {"gpu": host}}}}}))
+    return path
+
+
+class FirstStep(threading.Thread):
+    """Watches runs/latest/status.json while a playbook runs: seconds from the trainer's start
+    (its status' started_at) to its first training step."""
+
+    def __init__(self, state: Path) -> None:
+        super().__init__(daemon=True)
+        self.state, self.seconds = state, None
+        self.done = threading.Event()
+        before = (state / "trainer.json").read_text() if (state / "trainer.json").exists() else ""
+        self.before = before
+
+    def run(self) -> None:
+        while not self.done.wait(0.1):
+            try:
+                record = (self.state / "trainer.json").read_text()
+                status = json.loads((self.state / "runs" / "latest" / "status.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if record != self.before and status.get("step", 0) >= 1 and self.seconds is None:
+                started = datetime.fromisoformat(status["started_at"]).timestamp()
+                self.seconds = round(time.time() - started, 1)
+
+
+def playbook(root: Path, inv: Path, name: str, rows: list, step: str, **extra: Any) -> dict:
+    times = root / f"roles-{len(rows)}.json"
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_CALLBACK_PLUGINS=str(REPO / "bench" / "callback_plugins"),
+        ANSIBLE_CALLBACKS_ENABLED="dflash_role_times",
+        DFLASH_ROLE_TIMES=str(times),
+        ANSIBLE_NOCOLOR="1",
+    )
+    extra.setdefault("dflash_verify_json", str(root / "reports" / "verify.json"))
+    watch = FirstStep(root / "state")
+    watch.start()
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "ansible", "playbook", "-i", str(inv), str(REPO / name),
+         "-e", json.dumps(extra)],
+        cwd=REPO, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    seconds = round(time.monotonic() - started, 1)
+    watch.done.set()
+    log = root / f"{len(rows):02d}-{step.replace(' ', '-')}.log"
+    log.write_text(proc.stdout + proc.stderr)
+    history = root / "state" / "history.jsonl"
+    last = json.loads(history.read_text().splitlines()[-1]) if history.exists() else {}
+    row = {
+        "step": step,
+        "seconds": seconds,
+        "result": "ok" if proc.returncode == 0 else f"rc {proc.returncode} (see {log})",
+        "first_step_s": watch.seconds,
+        "tokens_per_s": last.get("tokens_per_s") if name.endswith("deploy.yml") else None,
+        "roles": json.loads(times.read_text()) if times.exists() else {},
+    }
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def changed_source(root: Path) -> Path:
+    """A copy of dflash/ with one line changed: another tree, another cache fingerprint."""
+    source = root / "source-v2"
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(REPO / "dflash", source / "dflash", ignore=skip)
+    with (source / "dflash" / "__init__.py").open("a") as handle:
+        handle.write("# a changed release (bench/gpu_path.py)\n")
+    return source
+
+
+def target_args(kind: str, root: Path, on_gpu: bool) -> dict[str, Any]:
+    common = {"compile_drafter": on_gpu, "log_every": 1, "checkpoint_every": 1000000,
+              "keep_checkpoints": 1}  # fmt: skip
+    if kind == "tiny":
+        return {"target_model": "tiny", "gen_samples": 64, **common}
+    sys.path.insert(0, str(REPO / "bench" / "trainer"))
+    from pipeline import ANCHORS, BLOCK, DRAFTER_LAYERS, SEQ, prepare
+
+    folder, data, _config = prepare(root / "qwen3-8b", 24)
+    return {
+        "target_model": str(folder), "target_random_init": True, "mask_token_id": 151935,
+        "data": str(data), "max_seq_len": SEQ, "num_anchors": ANCHORS, "block_size": BLOCK,
+        "drafter_layers": DRAFTER_LAYERS, **common,
+    }  # fmt: skip
+
+
+def path_for(kind: str, root: Path, gpu: int | None, rows: list) -> None:
+    root.mkdir(parents=True)
+    inv = inventory(root, gpu, lock_of_this_python(), target_args(kind, root, gpu is not None))
+    play = lambda name, step, **extra: playbook(root, inv, name, rows, f"{kind}: {step}", **extra)  # noqa: E731
+    play("deploy.yml", "deploy (compile cache cold)", dflash_compile_cache="clear")
+    play("verify.yml", "verify")
+    if kind == "tiny":
+        play("deploy.yml", "warm the cache + restart", dflash_compile_cache="warm",
+             dflash_restart=True)  # fmt: skip
+        first = json.loads((root / "state" / "history.jsonl").read_text().splitlines()[-1])
+        play("deploy.yml", "deploy changed code (new fingerprint)",
+             dflash_source_dir=str(changed_source(root)))  # fmt: skip
+        play("verify.yml", "verify")
+        play("rollback.yml", "rollback to the first release", dflash_release=first["release"])
+        play("verify.yml", "verify")
+    else:
+        play("deploy.yml", "restart (compile cache warm)", dflash_restart=True)
+    play("playbooks/stop.yml", "stop")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=None)
+    parser.add_argument("--target", choices=["tiny", "8b", "both"], default="tiny")
+    parser.add_argument("--gpu", type=int, default=0)
+    parser.add_argument(
+        "--cpu", action="store_true", help="a rehearsal of the same path on the CPU (tiny only)"
+    )
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available() and not args.cpu:
+        print("bench/gpu_path.py: no CUDA GPU here; nothing to run (it runs on a GPU machine)")
+        return
+    root = args.root or Path(tempfile.mkdtemp(prefix="dflash-gpu-path-"))
+    rows: list[dict] = []
+    kinds = ["tiny", "8b"] if args.target == "both" else [args.target]
+    for kind in kinds:
+        path_for(kind, root / kind, None if args.cpu else args.gpu, rows)
+    device = "CPU" if args.cpu else torch.cuda.get_device_name(args.gpu)
+    print(f"\n{device}, torch {torch.__version__}; under {root}")
+    print("| step | seconds | result | first step s | tokens/s | slowest roles (s) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        roles = sorted(row["roles"].items(), key=lambda kv: -kv[1])[:3]
+        slow = ", ".join(f"{name} {sec:.1f}" for name, sec in roles)
+        print(f"| {row['step']} | {row['seconds']} | {row['result']} | {row['first_step_s']} "
+              f"| {row['tokens_per_s']} | {slow} |")  # fmt: skip
+    (root / "gpu_path.json").write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
