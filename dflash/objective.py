@@ -137,4 +137,3 @@ def weighted_block_loss(
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, picked)
     scale = w.index_select(0, picked) / total
     return _WeightedLMHeadCE.apply(h, lm_head_weight, labels.reshape(-1)[picked], scale, chunk)
-

@@ -32,7 +32,7 @@ FLAGS = argv(
 def write_data(path: Path) -> list[int]:
     """Two samples of one row each (one batch per drafter rank): 56 and 6 supervised tokens."""
     ids = torch.randint(0, 120, (2, SEQ), generator=torch.Generator().manual_seed(3)).tolist()
-    masks = [[int(8 <= i) for i in range(SEQ)], [int(40 <= i < 46) for i in range(SEQ)]]
+    masks = [[int(i >= 8) for i in range(SEQ)], [int(40 <= i < 46) for i in range(SEQ)]]
     lines = [json.dumps({"input_ids": i, "loss_mask": m}) for i, m in zip(ids, masks, strict=True)]
     path.write_text("\n".join(lines) + "\n")
     return [sum(m) for m in masks]
