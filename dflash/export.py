@@ -8,7 +8,8 @@ The folder (`dflash.public_format`) holds config.json, model.safetensors, dflash
 checked before anything is written, and the folder is written under a temp name and renamed,
 so an export either is complete or does not exist. The checkpoint is memory-mapped: only the
 drafter's weights are read, never the optimizer state, so exporting beside a running trainer
-takes little memory. Prints one JSON line: out, name, step, release, changed, files {name: sha256}.
+takes little memory. Prints one JSON line: out, name, step, release (the checkpoint's),
+trained_by {run_id, code_tree_sha256}, changed, files {name: sha256} (null in a dry run).
 """
 
 from __future__ import annotations
@@ -242,12 +243,16 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
     out, name = destination(args, str(payload.get("release")), step)
     summary: dict[str, Any] = {"out": str(out), "name": name, "step": step}
     summary["release"] = payload.get("release")
+    summary["trained_by"] = {key: payload.get(key) for key in ("run_id", "code_tree_sha256")}
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         return {**summary, "changed": False, "files": existing_export(out, args, payload)}
-    if not out.parent.is_dir():
-        raise ConfigError(f"'{out.parent}' is not a folder; create it first")
+    # --out-root is made when missing, inside a folder that exists.
+    must_exist = out.parent.parent if args.out_root else out.parent
+    if not must_exist.is_dir():
+        raise ConfigError(f"'{must_exist}' is not a folder; create it first")
     if args.dry_run:
         return {**summary, "changed": True, "files": None}
+    out.parent.mkdir(exist_ok=True)
     dtype = DTYPES[args.dtype]
     tensors = {key: value.to(dtype).contiguous() for key, value in state.items()}
     config = config_json(cfg, target_config, args.dtype)

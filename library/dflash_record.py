@@ -5,14 +5,16 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: dflash_record
-short_description: Record a deployment in history.jsonl and keep N releases
+short_description: Record a deployment or an export in history.jsonl and keep N releases
 description:
   - Appends one line to C(history.jsonl) (time, action, release, tree hash, where the code came
-    from, the previous release, the result and what the caller adds: lock, run.sh, run id,
+    from, the previous release, the result and what the caller adds - lock, run.sh, run id,
     tokens/s, controller).
   - Then removes releases beyond the I(keep) most recent healthy deployments, never the current
     release, the previous healthy deployment (the default rollback target) nor any in
     I(protect); and envs that no kept release's deployment used.
+  - An C(export) line (a drafter exported with the code of the current release) records no
+    run.sh and prunes nothing.
 options:
   root:
     description: State root on the target.
@@ -25,12 +27,12 @@ options:
   action:
     description: What happened.
     type: str
-    choices: [deploy, rollback]
+    choices: [deploy, rollback, export]
     default: deploy
   result:
-    description: How it ended.
+    description: How it ended (C(exported) for an export).
     type: str
-    choices: [deployed, healthy, failed, rolled_back]
+    choices: [deployed, healthy, failed, rolled_back, exported]
     required: true
   previous:
     description: Release that was current before.
@@ -108,12 +110,13 @@ def history_entry(params: dict, manifest: dict) -> dict:
     # Where the code came from is in the release's manifest; the caller adds the rest.
     entry = {key: manifest.get(key) for key in ("ref", "commit", "dirty")}
     entry.update(params["record"])
-    # run.sh as deployed: its hash, and its text so a rollback can restore it exactly.
+    # run.sh as deployed: its hash, and its text so a rollback can restore it exactly (an
+    # export runs no run.sh: the deployment's own line has it).
     text = params["run_sh_text"]
-    if text is None:
+    if params["action"] != "export" and text is None:
         run_sh = read_run_script(params["root"])
         entry.update(run_sh_sha256=run_sh["sha256"], run_sh_text=run_sh["content"])
-    else:
+    elif params["action"] != "export":
         entry.update(run_sh_sha256=sha256_bytes(text.encode()), run_sh_text=text)
     entry.update(
         time=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -152,6 +155,8 @@ def run(module: AnsibleModule) -> dict:
     result = {"changed": True, "history_entry": entry, "pruned": [], "pruned_envs": []}
     with deploy_lock(root):
         append_history(root, entry)
+        if params["action"] == "export":
+            return result  # exports change no release: keep-N has nothing new to do
         history = read_history(root)
         available = list_releases(root)
         current, _link = current_release(root)
@@ -176,10 +181,14 @@ def main() -> None:
         argument_spec={
             "root": {"type": "path", "required": True},
             "release": {"type": "str", "required": True},
-            "action": {"type": "str", "choices": ["deploy", "rollback"], "default": "deploy"},
+            "action": {
+                "type": "str",
+                "choices": ["deploy", "rollback", "export"],
+                "default": "deploy",
+            },
             "result": {
                 "type": "str",
-                "choices": ["deployed", "healthy", "failed", "rolled_back"],
+                "choices": ["deployed", "healthy", "failed", "rolled_back", "exported"],
                 "required": True,
             },
             "previous": {"type": "str"},
