@@ -1,6 +1,7 @@
-"""Run by test_loss_ranks.py under torchrun (--cpu-ranks): build the trainer's drafter ranks as
-`dflash.train` does, take one real training step and save, from the lead, the loss as the log
-reports it, every drafter gradient after DDP's all-reduce, and each rank's batch.
+"""Run by test_loss_ranks.py under torchrun (on GPUs, or on the CPU with --cpu-ranks): build
+the trainer's drafter ranks as `dflash.train` does, take one real training step and save, from
+the lead, the loss as the log reports it, every drafter gradient after DDP's all-reduce, and
+each rank's batch.
 
 usage: torchrun --nproc-per-node D tests/trainer/rank_probe.py OUT.pt [dflash.train flags]
 """
@@ -22,8 +23,9 @@ from dflash.train import build_parser
 def main(out: str, argv: list[str]) -> None:
     args = build_parser().parse_args(argv)
     rank, world_size = torchrun_rank()
-    roles = resolve_roles(args.target_gpus, args.drafter_gpus, check_gpus=False)
-    cluster = Cluster(plan_layout(roles, world_size, on_cpu=True), rank, args.dist_timeout)
+    roles = resolve_roles(args.target_gpus, args.drafter_gpus, check_gpus=not args.cpu_ranks)
+    layout = plan_layout(roles, world_size, on_cpu=args.cpu_ranks)
+    cluster = Cluster(layout, rank, args.dist_timeout)
     trainer, _cfg = build_trainer(args, cluster, lambda message: None)
     taken: list[FeatureBatch] = []
     source_next = trainer.source.next
@@ -35,11 +37,11 @@ def main(out: str, argv: list[str]) -> None:
     trainer.source.next = recording_next  # type: ignore[method-assign]
     result = trainer.train_step()
     loss, _tokens = cluster.step_totals(result.loss, result.num_tokens)
-    batch = {"input_ids": taken[0].input_ids, "loss_mask": taken[0].loss_mask}
+    batch = {"input_ids": taken[0].input_ids.cpu(), "loss_mask": taken[0].loss_mask.cpu()}
     batches: list[dict | None] = [None] * cluster.num_drafters
     dist.all_gather_object(batches, batch, group=cluster.drafters_control)
     if rank == cluster.layout.lead:
-        grads = {name: p.grad.clone() for name, p in trainer.drafter.named_parameters()}
+        grads = {name: p.grad.cpu() for name, p in trainer.drafter.named_parameters()}
         torch.save({"loss": loss, "grads": grads, "batches": batches}, out)
     cluster.close()
 
