@@ -206,7 +206,7 @@ def read_config(config: dict[str, Any], where: str) -> tuple[DrafterConfig, list
     if dflash.get("mask_token_id") is None:
         problems.append("no dflash_config.mask_token_id")
     if problems:
-        raise ConfigError(f"{where}: this trainer's drafter cannot be {'; '.join(problems)}")
+        raise ConfigError(f"{where}: this trainer's drafter cannot have {'; '.join(problems)}")
     heads = int(_get(config, "num_attention_heads", where))
     hidden = int(_get(config, "hidden_size", where))
     layers = int(_get(config, "num_hidden_layers", where))

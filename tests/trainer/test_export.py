@@ -17,12 +17,13 @@ import torch
 from safetensors.torch import load_file
 
 from dflash import export
+from dflash.errors import ConfigError
 from dflash.eval import main as eval_main
 from dflash.mask import attention_mask
 from dflash.model import Drafter, DrafterConfig
 from dflash.options import build_drafter
-from dflash.public_format import read_folder
-from dflash.target import load_target
+from dflash.public_format import read_config, read_folder
+from dflash.target import feature_layer_ids, load_target
 
 from .conftest import FAST, argv, run_module
 from .conftest import TRAINED_STEPS as STEPS
@@ -116,6 +117,9 @@ def test_export_has_the_public_names_shapes_and_config_keys(tmp_path, trained, c
         assert config[key] is None if kind == "null" else type(config[key]) is types[kind], key
     for key, value in FIXTURE["config_values"].items():
         assert config[key] == value, key
+    # Every key a published drafter config has (transformers writes its version itself).
+    published = set(FIXTURE["published_config"]) - {"_source", "transformers_version"}
+    assert published <= set(config), published - set(config)
     dflash = config["dflash_config"]
     for key, kind in FIXTURE["dflash_config_keys"].items():
         assert type(dflash[key]) is types[kind], key
@@ -235,3 +239,21 @@ def test_bad_input_is_refused_and_writes_nothing(tmp_path, trained, capsys):
                               "--out", str(tmp_path / "o2"))  # fmt: skip
     assert code == 2 and "hidden size 64 is not the target's 32" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "odd.pt", "out", "wide"]
+
+
+def test_a_published_config_reads_as_the_drafter_this_trainer_builds():
+    published = {k: v for k, v in FIXTURE["published_config"].items() if k != "_source"}
+    cfg, ids, target_layers = read_config(published, "published")
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_layers) == (2560, 9728, 5)
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (32, 8, 128)
+    assert (cfg.rope_theta, cfg.vocab_size, cfg.block_size) == (1e6, 151936, 16)
+    assert cfg.mask_token_id == 151669 and cfg.num_features == 5
+    # Its layer ids are the spread ones our target takes for 5 features of 36 layers.
+    assert ids == feature_layer_ids(target_layers, cfg.num_features) == [1, 9, 17, 25, 33]
+
+    # What this trainer's drafter cannot be is named, not guessed.
+    sliding = {**published, "layer_types": ["sliding_attention"] * 5}
+    with pytest.raises(ConfigError, match="cannot have layer_types"):
+        read_config(sliding, "published")
+    with pytest.raises(ConfigError, match="not a DFlash drafter folder"):
+        read_config({**published, "architectures": ["Qwen3ForCausalLM"]}, "published")
