@@ -240,6 +240,12 @@ def train_parser() -> argparse.ArgumentParser:
         help="developer flag: build --target-model's config.json with random weights "
         "(benchmarks; needs --mask-token-id)",
     )
+    run.add_argument(
+        "--init-from",
+        default=None,
+        help="start from this published or exported DFlash drafter folder (config.json + "
+        "model.safetensors) when --checkpoint-dir holds no checkpoint yet",
+    )
     return parser
 
 

@@ -55,6 +55,27 @@ def drafter_config(
         raise ConfigError(f"--target-model '{args.target_model}': {exc}") from exc
 
 
+# Which flag sets each drafter setting; the rest follows the target (--target-model).
+SETTING_FLAGS = {
+    "num_layers": "--drafter-layers",
+    "num_features": "--num-target-layers",
+    "block_size": "--block-size",
+    "mask_token_id": "--mask-token-id",
+}
+
+
+def drafter_differences(there: DrafterConfig, now: DrafterConfig) -> list[str]:
+    """How a saved drafter differs from the one the flags build, with the flag that matches it
+    (the weights' init scale does not count: the weights are replaced)."""
+    theirs, ours = there.as_dict(), now.as_dict()
+    out = []
+    for key in ours:
+        if key != "init_std" and theirs[key] != ours[key]:
+            fix = f"{SETTING_FLAGS[key]} {theirs[key]}" if key in SETTING_FLAGS else "the target's"
+            out.append(f"{key} {theirs[key]!r} there, {ours[key]!r} now ({fix})")
+    return out
+
+
 def build_drafter(
     cfg: DrafterConfig,
     embed_weight: torch.Tensor,

@@ -30,9 +30,12 @@ from dflash.cluster import Cluster, torchrun_rank
 from dflash.errors import ConfigError
 from dflash.flags import train_parser
 from dflash.model import DrafterConfig
-from dflash.provenance import code_tree_sha256, header_lines, release_name
+from dflash.options import drafter_differences
+from dflash.provenance import code_tree_sha256, header_lines, release_name, training_data
+from dflash.public_format import PublicDrafter, is_drafter_folder, read_folder, target_problems
 from dflash.stages import StageWindow, stage_text
 from dflash.status import StatusFile, utc_now
+from dflash.target import load_target_config
 from dflash.topology import Layout, plan_layout, resolve_roles
 from dflash.trainer import Trainer
 
@@ -73,6 +76,18 @@ def resume_plan(folder: Path, cfg: DrafterConfig) -> tuple[dict[str, Any], dict[
     return {"path": str(path), "data": payload["data"]}, payload
 
 
+def init_plan(folder: Path, cfg: DrafterConfig, target_model: str) -> PublicDrafter:
+    """--init-from's drafter, refused unless it is the drafter these flags build."""
+    if not is_drafter_folder(folder):
+        raise ConfigError(f"--init-from '{folder}': not a folder holding a DFlash config.json")
+    drafter = read_folder(folder)
+    problems = target_problems(drafter, load_target_config(target_model), target_model)
+    problems += drafter_differences(drafter.cfg, cfg)
+    if problems:
+        raise ConfigError(f"--init-from '{folder}': {'; '.join(problems)}")
+    return drafter
+
+
 def shared_plan(
     cluster: Cluster, plan: Callable[[], dict[str, Any]] | None = None
 ) -> dict[str, Any]:
@@ -103,10 +118,20 @@ def resume(
     def plan() -> dict[str, Any]:
         where, payload = resume_plan(Path(args.checkpoint_dir), cfg)
         loaded.update(payload)
+        if args.init_from and where["path"] is not None:
+            log(f"--init-from {args.init_from} not used: resuming from {where['path']}")
+        elif args.init_from:
+            loaded["init"] = init_plan(Path(args.init_from), cfg, args.target_model)
+            where["init_from"] = args.init_from
         return where
 
     where = shared_plan(cluster, plan)
     if where["path"] is None:
+        if where.get("init_from"):
+            initial = loaded.get("init") or read_folder(Path(where["init_from"]))
+            trainer.drafter.load_state_dict(initial.state)
+            if lead:
+                log(f"initialised the drafter from {where['init_from']}")
         return 0
     path = Path(where["path"])
     payload = loaded or torch.load(path, map_location="cpu", weights_only=True)
@@ -138,6 +163,7 @@ def save_checkpoint(
         "run_id": args.run_id,
         "release": release_name(),
         "code_tree_sha256": code_tree_sha256(),
+        "training_data": training_data(args),
     }
     path = checkpoint.save(folder, trainer.step, {**trainer.state_dict(), **extra})
     checkpoint.prune(folder, args.keep_checkpoints)

@@ -5,7 +5,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: dflash_record
-short_description: Record a deployment in history.jsonl and keep N releases
+short_description: Record a deployment or an export in history.jsonl and keep N releases
 description:
   - "Appends one line to C(history.jsonl): time, action, release, tree hash, where the code came
     from, the previous release, the result and what the caller adds (lock, run.sh, run id,
@@ -17,6 +17,8 @@ description:
   - Then removes releases beyond the I(keep) most recent healthy deployments, never the current
     release, the previous healthy deployment (the default rollback target) nor any in
     I(protect); and envs that no kept release's deployment used.
+  - An C(export) line (a drafter exported with the code of the current release) records no
+    run.sh and prunes nothing.
 options:
   root:
     description: State root on the target.
@@ -29,12 +31,12 @@ options:
   action:
     description: What happened.
     type: str
-    choices: [deploy, rollback]
+    choices: [deploy, rollback, export]
     default: deploy
   result:
-    description: How it ended.
+    description: How it ended (C(exported) for an export).
     type: str
-    choices: [deployed, healthy, failed, rolled_back]
+    choices: [deployed, healthy, failed, rolled_back, exported]
     required: true
   previous:
     description: Release that was current before.
@@ -166,7 +168,11 @@ def run(module: AnsibleModule) -> dict:
     )  # fmt: skip
     with held(root, params["token"], params["action"], "record"):
         written = record_once(root, entry)
-        pruned, pruned_envs = prune(root, release, params["keep"], params["protect"])
+        # An export changes no release: keep-N has nothing new to do.
+        pruned, pruned_envs = (
+            ([], []) if params["action"] == "export"
+            else prune(root, release, params["keep"], params["protect"])
+        )  # fmt: skip
     return {
         "changed": written or bool(pruned or pruned_envs),
         "history_entry": entry if written else None,
@@ -181,10 +187,14 @@ def main() -> None:
         argument_spec={
             "root": {"type": "path", "required": True},
             "release": {"type": "str", "required": True},
-            "action": {"type": "str", "choices": ["deploy", "rollback"], "default": "deploy"},
+            "action": {
+                "type": "str",
+                "choices": ["deploy", "rollback", "export"],
+                "default": "deploy",
+            },
             "result": {
                 "type": "str",
-                "choices": ["deployed", "healthy", "failed", "rolled_back"],
+                "choices": ["deployed", "healthy", "failed", "rolled_back", "exported"],
                 "required": True,
             },
             "previous": {"type": "str"},

@@ -29,7 +29,7 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Writes only the controller's build folder, never a target, so it runs in check mode too.
+    details: Writes only the controller's build folder, never a target; runs in check mode too.
 author: dflash-deploy
 """
 

@@ -36,6 +36,7 @@ def listing(history: list[dict]) -> list[dict]:
                 "result": entry.get("result"),
                 "tokens_per_s": entry.get("tokens_per_s"),
                 "error": entry.get("error"),
+                "export": entry.get("export"),
             }
         )
     return rows
@@ -62,21 +63,31 @@ def select(history: list[dict], current: str | None, selector: str) -> int:
             history[:before], lambda e: e.get("result") in GOOD and _identity(e) != same
         )
     elif text == "last":
-        index = len(history) - 1 if history else None
+        index = _newest(history, _deployment)
     elif text == "fastest":
         rated = [i for i, e in enumerate(history) if e.get("result") == "healthy"
                  and isinstance(e.get("tokens_per_s"), (int, float))]  # fmt: skip
         index = max(rated, key=lambda i: history[i]["tokens_per_s"]) if rated else None
     elif text.isdigit():
         index = int(text) - 1 if 1 <= int(text) <= len(history) else None
+        if index is not None and not _deployment(history[index]):
+            raise SelectorError(
+                f"#{text} of history.jsonl is an {history[index].get('action')}, not a "
+                f"deployment; use {SELECTORS}"
+            )
     else:
-        index = _newest(history, lambda e: e.get("release") == text)
+        index = _newest(history, lambda e: _deployment(e) and e.get("release") == text)
     if index is None:
         raise SelectorError(
             f"no deployment matches '{selector}' in the {len(history)} entries of history.jsonl; "
             f"use {SELECTORS}"
         )
     return index
+
+
+def _deployment(entry: dict) -> bool:
+    """A deploy or rollback line; an export line records a drafter leaving, not code arriving."""
+    return entry.get("action") != "export"
 
 
 def _identity(entry: dict) -> tuple:

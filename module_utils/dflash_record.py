@@ -22,7 +22,9 @@ def history_entry(
     deployed (its hash and its text, so a rollback can restore it exactly)."""
     entry = {key: manifest.get(key) for key in ("ref", "commit", "dirty")}
     entry.update(fields)
-    if run_sh_text is None:
+    if action == "export":
+        pass  # an export runs no run.sh: the deployment's own line has it
+    elif run_sh_text is None:
         run_sh = read_run_script(root)
         entry.update(run_sh_sha256=run_sh["sha256"], run_sh_text=run_sh["content"])
     else:
