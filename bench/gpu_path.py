@@ -80,17 +80,22 @@ class FirstStep(threading.Thread):
         super().__init__(daemon=True)
         self.state, self.seconds = state, None
         self.done = threading.Event()
-        before = (state / "trainer.json").read_text() if (state / "trainer.json").exists() else ""
-        self.before = before
+        self.before = self.run_id()
+
+    def run_id(self) -> str | None:
+        try:
+            return json.loads((self.state / "trainer.json").read_text()).get("run_id")
+        except (OSError, ValueError):
+            return None
 
     def run(self) -> None:
         while not self.done.wait(0.1):
             try:
-                record = (self.state / "trainer.json").read_text()
                 status = json.loads((self.state / "runs" / "latest" / "status.json").read_text())
             except (OSError, ValueError):
                 continue
-            if record != self.before and status.get("step", 0) >= 1 and self.seconds is None:
+            fresh = self.run_id() not in (None, self.before)
+            if fresh and status.get("step", 0) >= 1 and self.seconds is None:
                 started = datetime.fromisoformat(status["started_at"]).timestamp()
                 self.seconds = round(time.time() - started, 1)
 

@@ -104,7 +104,7 @@ import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_deploy_lock import LockError, held
-from ansible.module_utils.dflash_record import history_entry, record_once
+from ansible.module_utils.dflash_record import already_recorded, history_entry, record_once
 from ansible.module_utils.dflash_state import (
     StateError,
     current_release,
@@ -156,16 +156,20 @@ def run(module: AnsibleModule) -> dict:
     root, release = params["root"], params["release"]
     if params["keep"] < 1:
         raise StateError(f"keep={params['keep']} would prune the current release; use keep >= 1")
-    if module.check_mode:
-        # The release may not be unpacked in check mode; a real run would write one line.
-        return {"changed": True, "pruned": [], "pruned_envs": []}
     manifest = read_manifest(release_dir(root, release))
+    if manifest is None and module.check_mode:
+        # Not unpacked in check mode: a real run would have, and would record it.
+        return {"changed": True, "recorded": True, "pruned": [], "pruned_envs": []}
     if manifest is None:
         raise StateError(f"release {release} is not under {root}/releases; nothing to record")
     entry = history_entry(
         root, manifest, params["record"], release=release, action=params["action"],
         result=params["result"], previous=params["previous"], run_sh_text=params["run_sh_text"],
     )  # fmt: skip
+    if module.check_mode:
+        # What the target shows now (run.sh as it is): whether history would get a line.
+        fresh = not already_recorded(read_history(root), entry)
+        return {"changed": fresh, "recorded": fresh, "pruned": [], "pruned_envs": []}
     with held(root, params["token"], params["action"], "record"):
         written = record_once(root, entry)
         # An export changes no release: keep-N has nothing new to do.

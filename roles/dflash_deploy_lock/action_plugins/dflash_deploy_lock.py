@@ -86,20 +86,16 @@ def _cmdline_and_parent(pid: int) -> tuple[bytes, int] | None:
 
 def playbook_process() -> int:
     """The ansible-playbook process this task runs under: the lock's holder. Task workers are
-    forks of it with the same command line, so it is the topmost such ancestor."""
+    forks of it with its command line, so it is the topmost of the ancestors, this process
+    included, that run ansible (`ansible-playbook ...` or `python -m ansible playbook ...`)."""
     pid, found = os.getpid(), None
     for _ in range(32):
         seen = _cmdline_and_parent(pid)
-        if seen is None:
+        if seen is None or b"ansible" not in seen[0]:
             break
-        cmdline, parent = seen
-        if b"ansible-playbook" in cmdline or (found is None and b"ansible" in cmdline):
-            found = pid
-        elif found is not None:
+        found, pid = pid, seen[1]
+        if pid <= 1:
             break
-        if parent <= 1:
-            break
-        pid = parent
     return found or os.getppid()
 
 
