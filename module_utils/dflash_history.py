@@ -7,9 +7,14 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 
-from ansible.module_utils.dflash_lock import pinned
-from ansible.module_utils.dflash_state import GOOD_RESULTS as GOOD
-from ansible.module_utils.dflash_state import deployment_index
+try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
+    from ansible.module_utils.dflash_lock import pinned
+    from ansible.module_utils.dflash_state import GOOD_RESULTS as GOOD
+    from ansible.module_utils.dflash_state import deployment_index
+except ImportError:  # in a controller filter, which puts module_utils/ on sys.path
+    from dflash_lock import pinned
+    from dflash_state import GOOD_RESULTS as GOOD
+    from dflash_state import deployment_index
 
 SELECTORS = "current, previous, fastest, last, a number from history.yml, or a release id"
 TEXT_DIFF_LINES = 200
