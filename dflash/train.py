@@ -145,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-every", type=positive_int, default=10, help="steps between log lines (default 10)"
     )
     run.add_argument(
+        "--throughput-window",
+        type=positive_int,
+        default=20,
+        help="steps that status.json's tokens_per_s and stages average over (default 20)",
+    )
+    run.add_argument(
         "--sleep-per-step",
         type=nonneg_float,
         default=0.0,
@@ -291,7 +297,8 @@ def train(args: argparse.Namespace, cluster: Cluster, status: StatusFile, stop: 
     trainer, cfg = build_trainer(args, cluster, rank_log(cluster))
     folder = Path(args.checkpoint_dir)
     saved_step = resume(trainer, cfg, cluster, args, status)
-    throughput, stages = Throughput(), StageWindow()
+    throughput = Throughput(args.throughput_window)
+    stages = StageWindow(args.throughput_window)
     while True:
         done = cluster.agree_to_stop(stop.event.is_set() or trainer.step >= args.max_steps)
         trainer.source.credit(not done)

@@ -62,11 +62,12 @@ def parse_apps(text: str) -> list[dict]:
     """Rows of `nvidia-smi --query-compute-apps=APP_QUERY --format=csv,noheader,nounits`."""
     apps = []
     for line in text.splitlines():
-        parts = [part.strip() for part in line.split(",")]
-        if len(parts) >= len(APP_QUERY) and parts[0].isdigit():
+        pid, _, rest = line.partition(",")
+        parts = rest.rsplit(",", 2)  # the name may hold commas; the last two fields cannot
+        if pid.strip().isdigit() and len(parts) == 3:
             apps.append({
-                "pid": int(parts[0]), "name": ",".join(parts[1:-2]).strip(),
-                "used_mib": _mib(parts[-2]), "gpu_uuid": parts[-1],
+                "pid": int(pid), "name": parts[0].strip(), "used_mib": _mib(parts[1]),
+                "gpu_uuid": parts[2].strip(),
             })  # fmt: skip
     return apps
 

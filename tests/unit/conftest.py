@@ -16,7 +16,16 @@ def _load(name: str, path) -> None:
     spec.loader.exec_module(module)
 
 
-for _name in ("dflash_release", "dflash_state", "dflash_lock", "dflash_history", "dflash_procs"):
+for _name in (
+    "dflash_release",
+    "dflash_state",
+    "dflash_lock",
+    "dflash_history",
+    "dflash_procs",
+    "dflash_gpu",
+):
     _load(f"ansible.module_utils.{_name}", REPO / "module_utils" / f"{_name}.py")
 _load("dflash_filters", REPO / "filter_plugins" / "dflash.py")
 _load("dflash_history_filters", REPO / "filter_plugins" / "dflash_history.py")
+_load("dflash_verify_filters", REPO / "filter_plugins" / "dflash_verify.py")
+_load("dflash_verify_gpu_filters", REPO / "filter_plugins" / "dflash_verify_gpu.py")

@@ -4,6 +4,8 @@ deployment from its recorded run.sh values, the comparable healthy ones, the fas
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 from ansible.module_utils.dflash_history import (
     CPU_TOKEN_BUDGET,
@@ -17,6 +19,7 @@ from ansible.module_utils.dflash_history import (
 )
 
 from dflash import options
+from tests.helpers import REPO
 
 CPU = {"mode": "cpu", "target": [], "drafter": []}
 SPLIT = {"mode": "split", "target": [0, 1], "drafter": [2, 3]}
@@ -121,3 +124,18 @@ def test_references_name_the_health_check_and_the_fastest_comparable():
     assert throughput_references(history, None) == {"health_check": None, "fastest": None}
     staged = throughput_references([line("v1", None, result="deployed")], 0)
     assert staged == {"health_check": None, "fastest": None}
+
+
+def test_the_shape_functions_import_as_a_controller_filter_imports_them():
+    # Filters put module_utils/ on sys.path (no ansible.module_utils.* there), e.g. a health
+    # gate that takes the median of the comparable deployments.
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import dflash_history as h; "
+        "e = {'result': 'healthy', 'tokens_per_s': 5.0, 'run_sh': {'layout': {'mode': 'cpu'}}}; "
+        "print(h.comparable_indexes([e, e], e))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(REPO / "module_utils")],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert out.stdout.strip() == "[0, 1]"

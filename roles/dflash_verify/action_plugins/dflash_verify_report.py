@@ -86,7 +86,7 @@ def _what(item: dict) -> str:
     for key in ("path", "package", "pid"):
         if item.get(key) not in (None, ""):
             return str(item[key])
-    return ""
+    return f"GPU {item['gpu']}" if item.get("gpu") is not None else ""
 
 
 def junit_xml(report: dict[str, dict]) -> bytes:
