@@ -17,8 +17,13 @@ def finding(kind: str, expected: Any, found: Any, hint: str, **extra: Any) -> di
     return {"kind": kind, "expected": expected, "found": found, "hint": hint, **extra}
 
 
+def _memory(used_mib: int | None) -> str:
+    # Some drivers in containers list a process without its memory ([N/A]).
+    return "memory not reported" if used_mib is None else f"{used_mib} MiB"
+
+
 def _process(row: dict) -> str:
-    return f"pid {row['pid']} ({row['name'] or 'no name'}, {row['used_mib']} MiB)"
+    return f"pid {row['pid']} ({row['name'] or 'no name'}, {_memory(row['used_mib'])})"
 
 
 def gpu_findings(facts: dict) -> list[dict]:
@@ -44,7 +49,7 @@ def gpu_findings(facts: dict) -> list[dict]:
             finding(
                 "gpu",
                 f"only this job's processes on GPU {row['gpu']}",
-                f"pid {row['pid']}{where} ({row['command']}) holds {row['used_mib']} MiB",
+                f"pid {row['pid']}{where} ({row['command']}) holds {_memory(row['used_mib'])}",
                 "stop it or move it off this job's GPUs (another root's trainer: its stop.yml); "
                 "it takes the job's memory and slows it",
                 pid=row["pid"],
