@@ -105,3 +105,14 @@ def test_a_throttled_trainer_is_named_with_both_figures_then_ok_once_released(
     host = again.report["hosts"]["local"]
     assert host["verdict"] == "ok" and host["throughput"]["judged"]
     assert host["throughput"]["ratios"]["health_check"] >= RATIO
+
+
+def test_a_ratio_that_is_no_share_is_refused_naming_the_value(playbook):
+    for bad, says in [
+        (1.5, "dflash_verify_min_throughput_ratio=1.5 must be a share between 0"),
+        ("fast", "dflash_verify_min_throughput_ratio"),
+    ]:
+        run = playbook("verify.yml", dflash_verify_min_throughput_ratio=bad)
+        assert run.rc != 0 and says in " ".join(run.output.split()), run.output
+        # Refused before the target was read: no report was written.
+        assert run.report is None
