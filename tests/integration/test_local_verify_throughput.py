@@ -81,7 +81,8 @@ def test_a_throttled_trainer_is_named_with_both_figures_then_ok_once_released(
     assert host["throughput"]["judged"] and host["throughput"]["tokens_per_s"] == now
     assert host["trainer"]["pid"] == pgid and host["trainer"]["step"] > 3
     assert host["checks"]["gpu"] == "not applicable: no nvidia-smi on the target (a CPU target)"
-    print("\n".join(line for line in slow.output.splitlines() if "tokens/s" in line))
+    table = slow.output.split("Show the trainer, its tokens/s and the findings")[1]
+    print(table.split("TASK [")[0])
     # The metrics file next to the JSON report, as Prometheus' parser reads it.
     prom = (tmp_path / "reports" / "verify.prom").read_text()
     print(prom)
