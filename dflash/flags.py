@@ -246,6 +246,12 @@ def train_parser() -> argparse.ArgumentParser:
         help="start from this published or exported DFlash drafter folder (config.json + "
         "model.safetensors) when --checkpoint-dir holds no checkpoint yet",
     )
+    run.add_argument(
+        "--throughput-window",
+        type=positive_int,
+        default=20,
+        help="steps that status.json's tokens_per_s and stages average over (default 20)",
+    )
     return parser
 
 

@@ -195,6 +195,12 @@ class Throughput:
     def last_step_s(self) -> float:
         return self.steps[-1][0]
 
+    @property
+    def window(self) -> dict[str, int | None]:
+        """status.json's `throughput_window`: the steps the figure covers and the window size;
+        fewer steps than the size is an early figure (verify.yml does not judge it)."""
+        return {"steps": len(self.steps), "size": self.steps.maxlen}
+
 
 def train(args: argparse.Namespace, cluster: Cluster, status: StatusFile, stop: StopRequest) -> int:
     """A drafter rank (the only rank of a one-process run)."""
@@ -203,7 +209,8 @@ def train(args: argparse.Namespace, cluster: Cluster, status: StatusFile, stop: 
     trainer, cfg = build_trainer(args, cluster, rank_log(cluster))
     folder = Path(args.checkpoint_dir)
     saved_step = resume(trainer, cfg, cluster, args, status)
-    throughput, stages = Throughput(), StageWindow()
+    throughput = Throughput(args.throughput_window)
+    stages = StageWindow(args.throughput_window)
     while True:
         done = cluster.agree_to_stop(stop.event.is_set() or trainer.step >= args.max_steps)
         trainer.source.credit(not done)
@@ -219,7 +226,11 @@ def train(args: argparse.Namespace, cluster: Cluster, status: StatusFile, stop: 
             continue
         means = stages.means()
         status.update(
-            step=result.step, loss=loss, tokens_per_s=round(tokens_per_s, 1), stages=means
+            step=result.step,
+            loss=loss,
+            tokens_per_s=round(tokens_per_s, 1),
+            throughput_window=throughput.window,
+            stages=means,
         )
         if status.snapshot()["state"] != "running":
             status.write(state="running")  # only now: a real optimizer step is done

@@ -304,7 +304,8 @@ def dflash_report_lines(findings: list[dict]) -> list[str]:
         return ["OK: no drift"]
     lines = [f"{'KIND':<18} {'WHAT':<34} {'EXPECTED':<32} FOUND"]
     for item in findings:
-        what = str(item.get("path") or item.get("package") or item.get("pid") or "")
+        gpu = f"GPU {item['gpu']}" if item.get("gpu") is not None else ""
+        what = str(item.get("path") or item.get("package") or item.get("pid") or gpu)
         lines.append(f"{item['kind']:<18} {what:<34} {item['expected']!s:<32} {item['found']}")
         lines.append(f"{'':<18} fix: {item['hint']}")
     return lines

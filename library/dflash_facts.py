@@ -10,6 +10,9 @@ description:
   - Read-only. Returns the state root, the C(current) release and its manifest, the files of
     C(current) checked against that manifest (changed, missing, extra), the unpacked releases,
     the deployment history and the default rollback target.
+  - Also the trainers of the root with their status files, the figures their tokens/s is
+    judged against (from the whole history), and what C(nvidia-smi) shows of the GPUs and
+    their compute processes, matched to the trainers by pid namespace.
 options:
   root:
     description: State root on the target.
@@ -32,6 +35,7 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Reads only, so a check-mode run reads the same.
 author: dflash-deploy
 """
 
@@ -82,6 +86,22 @@ gpus:
   type: list
   elements: dict
   returned: always
+gpu:
+  description:
+    - What nvidia-smi shows, for verify's C(gpu) finding; C(smi) is null without nvidia-smi.
+    - C(gpus) (index, uuid, name, bus id, memory used and total in MiB, C(lost)), C(problems)
+      (GPUs it could not reach, its own errors), C(apps) (compute processes - pid, name, MiB,
+      GPU uuid), C(job) (pid and NStgid of each trainer process), C(local) (pid, NStgid and
+      command line of each listed pid visible here) and C(in_init_pid_namespace).
+  type: dict
+  returned: always
+throughput_references:
+  description:
+    - C(health_check) (the deployment of current, as measured at its health check) and
+      C(fastest) (the fastest healthy deployment of the same layout and shape), each with
+      C(number), C(release), C(time), C(tokens_per_s), C(stages); null where there is none.
+  type: dict
+  returned: always
 run_sh:
   description: C(path), C(content) and C(sha256) of run.sh (content null when missing).
   type: dict
@@ -94,8 +114,8 @@ trainers:
   description:
     - C(record) (trainer.json) and C(processes), every trainer process of the root with pid,
       pgid, job (the pid of its topmost trainer ancestor, torchrun's for its workers), start
-      time, command line, run id, release it runs from, cache dir, its run's
-      status.json and the heartbeat age in seconds.
+      time and age in seconds, command line, run id, release it runs from, cache dir, its
+      run's status.json and the heartbeat age in seconds.
   type: dict
   returned: always
 environment:
@@ -131,14 +151,14 @@ lock_problems:
 """
 
 import os
-import shutil
-import subprocess
 import time
 from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_checks import environment_check, release_check, writable
 from ansible.module_utils.dflash_deploy_lock import read_lock
+from ansible.module_utils.dflash_gpu import probe
+from ansible.module_utils.dflash_history import throughput_references
 from ansible.module_utils.dflash_lock import (
     adopts,
     installed_versions,
@@ -159,24 +179,6 @@ from ansible.module_utils.dflash_state import (
     release_manifests,
     stale_temp_dirs,
 )
-
-
-def gpus() -> list[dict] | None:
-    """The GPUs this container sees (nvidia-smi), or None where there is no nvidia-smi."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
-    proc = subprocess.run(
-        [smi, "--query-gpu=index,name,uuid,driver_version", "--format=csv,noheader"],
-        capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
-    found = []
-    for line in proc.stdout.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 4 and parts[0].isdigit():
-            found.append({"index": int(parts[0]), "name": parts[1], "uuid": parts[2],
-                          "driver": parts[3]})  # fmt: skip
-    return found
 
 
 def age_seconds(stamp: str | None) -> float | None:
@@ -213,6 +215,7 @@ def trainers(root: str) -> dict:
             "release": cwd[len(releases):].split(os.sep)[0] if cwd.startswith(releases) else None,
             "started_at": datetime.fromtimestamp(booted + proc["start_ticks"] / ticks,
                                                  tz=timezone.utc).isoformat(timespec="seconds"),
+            "age_s": round(time.time() - booted - proc["start_ticks"] / ticks, 1),
             "status": status,
             "heartbeat_age_s": age_seconds((status or {}).get("updated_at")),
         })  # fmt: skip
@@ -281,7 +284,6 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
         "history": history[-history_limit:] if history_limit > 0 else [],
         "previous_deployment": previous_deployment(history, release, available),
         "stale_temp": stale_temp_dirs(root),
-        "gpus": gpus(),
         "run_sh": read_run_script(root),
         "deploy_lock": read_lock(root),
         "root_writable": writable(root),
@@ -302,7 +304,16 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
     facts["deployment"] = (
         {k: v for k, v in deployment.items() if k != "run_sh_text"} if deployment else None
     )
+    # The figures a running trainer's tokens/s is judged against, over the whole history.
+    facts["throughput_references"] = throughput_references(history, index)
     facts["trainers"] = trainers(root)
+    facts["gpu"] = probe([proc["pid"] for proc in facts["trainers"]["processes"]])
+    facts["gpus"] = (
+        None
+        if facts["gpu"]["smi"] is None
+        else [{key: gpu[key] for key in ("index", "name", "uuid", "driver")}
+              for gpu in facts["gpu"]["gpus"]]
+    )  # fmt: skip
     facts["environment"] = environment(root, (deployment or {}).get("lock_id"))
     facts["cache"] = cache(root, ((deployment or {}).get("run_sh") or {}).get("cache_dir"))
     facts["checkpoints"] = checkpoints(root)

@@ -7,8 +7,12 @@ import json
 import os
 import shutil
 
-from ansible.module_utils.dflash_lines import GOOD_RESULTS
-from ansible.module_utils.dflash_release import MANIFEST_NAME, release_id_problem, sha256_bytes
+try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
+    from ansible.module_utils.dflash_lines import GOOD_RESULTS
+    from ansible.module_utils.dflash_release import MANIFEST_NAME, release_id_problem, sha256_bytes
+except ImportError:  # in a controller filter, which puts module_utils/ on sys.path
+    from dflash_lines import GOOD_RESULTS
+    from dflash_release import MANIFEST_NAME, release_id_problem, sha256_bytes
 
 RELEASES = "releases"
 CURRENT = "current"
