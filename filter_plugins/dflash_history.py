@@ -1,7 +1,16 @@
-# Controller-side filters: the readable tables of history.yml and diff.yml.
+# Controller-side filters: the readable tables of history.yml and diff.yml, where a failed
+# launch goes back to, and what the deploy's throughput gate compares with.
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
+
+# The comparison rules live with the modules' shared code; filters run on the controller.
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
+)
+from dflash_throughput import gate_baseline
 
 
 def _short(value: Any, width: int = 12) -> str:
@@ -129,4 +138,5 @@ class FilterModule:
             "dflash_history_lines": history_lines,
             "dflash_diff_lines": diff_lines,
             "dflash_restore_target": restore_target,
+            "dflash_gate_baseline": gate_baseline,
         }

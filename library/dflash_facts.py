@@ -158,7 +158,6 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_checks import environment_check, release_check, writable
 from ansible.module_utils.dflash_deploy_lock import read_lock
 from ansible.module_utils.dflash_gpu import probe
-from ansible.module_utils.dflash_history import throughput_references
 from ansible.module_utils.dflash_lock import (
     adopts,
     installed_versions,
@@ -179,6 +178,7 @@ from ansible.module_utils.dflash_state import (
     release_manifests,
     stale_temp_dirs,
 )
+from ansible.module_utils.dflash_throughput import throughput_references
 
 
 def age_seconds(stamp: str | None) -> float | None:

@@ -64,12 +64,13 @@ options:
     type: float
     default: 0
   baseline_tokens_per_s:
-    description: tokens/s that the previous healthy deployment measured at its health check.
+    description: The baseline tokens/s (in deploy.yml the median of the newest comparable
+      healthy deployments).
     type: float
   baseline_name:
     description: How the failure message names the baseline (its release and time).
     type: str
-    default: the previous healthy deployment
+    default: the baseline
   state:
     description: C(started) launches; C(stopped) only stops every trainer of the root.
     type: str
@@ -433,7 +434,7 @@ def main() -> None:
             "min_tokens_per_s": {"type": "float", "default": 0.0},
             "min_throughput_ratio": {"type": "float", "default": 0.0},
             "baseline_tokens_per_s": {"type": "float"},
-            "baseline_name": {"type": "str", "default": "the previous healthy deployment"},
+            "baseline_name": {"type": "str", "default": "the baseline"},
             "state": {"type": "str", "choices": ["started", "stopped"], "default": "started"},
             "record": {"type": "dict"},
             "action": {"type": "str", "choices": ["deploy", "rollback"], "default": "deploy"},

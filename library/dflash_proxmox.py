@@ -133,6 +133,10 @@ requirements:
   - paramiko (ssh_paramiko backend), openssh_wrapper (openssh backend), requests (https backend)
 notes:
   - Supports check mode.
+attributes:
+  check_mode:
+    support: full
+    details: Reads the container and names what it would start or snapshot; changes nothing.
 author: dflash-deploy
 """
 

@@ -1,7 +1,7 @@
 # The deployments of one target as history.jsonl records them: a listing, the choice of two
-# of them by a selector, what changed between them (files, environment, run.sh values, GPU
-# layout, throughput), and which of them ran the same workload (their tokens/s compare).
-# Pure functions over the history and the release manifests, for modules and filters alike.
+# of them by a selector, and what changed between them (files, environment, run.sh values,
+# GPU layout, throughput). Pure functions over the history and the release manifests, for
+# modules and filters alike (which of them compare by tokens/s: dflash_throughput).
 from __future__ import annotations
 
 import difflib
@@ -11,24 +11,20 @@ try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     from ansible.module_utils.dflash_lock import pinned
     from ansible.module_utils.dflash_state import GOOD_RESULTS as GOOD
     from ansible.module_utils.dflash_state import deployment_index
+    from ansible.module_utils.dflash_throughput import (
+        fastest_comparable,
+        fastest_of,
+        rated,
+        shape_of,
+    )
 except ImportError:  # in a controller filter, which puts module_utils/ on sys.path
     from dflash_lock import pinned
     from dflash_state import GOOD_RESULTS as GOOD
     from dflash_state import deployment_index
+    from dflash_throughput import fastest_comparable, fastest_of, rated, shape_of
 
 SELECTORS = "current, previous, fastest, last, a number from history.yml, or a release id"
 TEXT_DIFF_LINES = 200
-# The trainer's defaults (dflash/options.py) of the flags that fix what one step computes;
-# tests/unit/test_history_shape.py holds them against the trainer's parser.
-SHAPE_DEFAULTS: dict[str, object] = {
-    "target_model": "tiny",
-    "max_seq_len": 3072,
-    "num_anchors": 512,
-    "block_size": 16,
-    "drafter_layers": 5,
-}
-# --token-budget's default on the CPU; on a GPU it is --max-seq-len.
-CPU_TOKEN_BUDGET = 512
 
 
 class SelectorError(ValueError):
@@ -86,7 +82,7 @@ def select(history: list[dict], current: str | None, selector: str) -> int:
         if now is not None and shape_of(history[now]) is not None:
             index = fastest_comparable(history, history[now])
         else:
-            index = _fastest(history, [i for i, e in enumerate(history) if rated(e)])
+            index = fastest_of(history, [i for i, e in enumerate(history) if rated(e)])
     elif text.isdigit():
         index = int(text) - 1 if 1 <= int(text) <= len(history) else None
         if index is not None and not _deployment(history[index]):
@@ -227,117 +223,3 @@ def compare(
 
 def _release_fields(entry: dict) -> dict[str, object]:
     return {k: entry.get(k) for k in ("release", "tree_sha256", "commit", "dirty", "lock_id")}
-
-
-def _flag_value(value: object) -> object:
-    """An inventory value as the trainer parses it: '4096' and 4096 are the same flag."""
-    if value is None or isinstance(value, (bool, int, float)):
-        return value
-    text = str(value).strip()
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text.rstrip("/") or text  # a model folder named with or without its last slash
-
-
-def _nnodes(torchrun_args: list) -> str:
-    """torchrun's --nnodes (1, 2, or an elastic 1:4) from run.sh's torchrun arguments."""
-    args = [str(a) for a in torchrun_args]
-    for position, arg in enumerate(args):
-        if arg.startswith("--nnodes="):
-            return arg.split("=", 1)[1]
-        if arg == "--nnodes" and position + 1 < len(args):
-            return args[position + 1]
-    return "1"
-
-
-def shape_of(entry: dict) -> dict | None:
-    """What one training step of a deployment computes, and where: GPU mode and lists, nodes,
-    target model, tokens per step, sequence length, block size, anchors and drafter depth,
-    from its recorded run.sh values, with the trainer's defaults for the flags left out.
-    Two deployments of the same shape should train at the same tokens/s; anything else that
-    differs (code, env, other flags) is what diff.yml shows. None without run.sh values."""
-    run_sh = entry.get("run_sh") or {}
-    layout = run_sh.get("layout")
-    if not layout:
-        return None
-    args = {str(key): _flag_value(value) for key, value in
-            (run_sh.get("trainer_args") or {}).items() if value not in (None, False)}  # fmt: skip
-    shape = {key: args.get(key, default) for key, default in SHAPE_DEFAULTS.items()}
-    on_gpu = layout.get("mode") != "cpu"
-    shape["token_budget"] = args.get("token_budget") or (
-        shape["max_seq_len"] if on_gpu else CPU_TOKEN_BUDGET
-    )
-    shape.update(
-        mode=layout.get("mode"),
-        target_gpus=sorted(layout.get("target") or []),
-        drafter_gpus=sorted(layout.get("drafter") or []),
-        nnodes=_nnodes(run_sh.get("torchrun_args") or []),
-    )
-    return shape
-
-
-def rated(entry: dict) -> bool:
-    """A healthy deployment with the tokens/s its health check measured."""
-    speed = entry.get("tokens_per_s")
-    return (
-        entry.get("result") == "healthy"
-        and isinstance(speed, (int, float))
-        and not isinstance(speed, bool)
-        and speed > 0
-    )
-
-
-def comparable_indexes(history: list[dict], entry: dict) -> list[int]:
-    """Indexes (oldest first) of the healthy deployments with a tokens/s figure whose shape is
-    `entry`'s; `entry` itself among them when it is such a line of `history`."""
-    shape = shape_of(entry)
-    if shape is None:
-        return []
-    return [i for i, other in enumerate(history) if rated(other) and shape_of(other) == shape]
-
-
-def comparable(history: list[dict], entry: dict) -> list[dict]:
-    """The healthy deployments whose tokens/s compare with `entry`'s (comparable_indexes)."""
-    return [history[i] for i in comparable_indexes(history, entry)]
-
-
-def _fastest(history: list[dict], indexes: list[int]) -> int | None:
-    # On a tie the newest: the one whose code and setup are still most likely on the target.
-    return max(indexes, key=lambda i: (history[i]["tokens_per_s"], i)) if indexes else None
-
-
-def fastest_comparable(history: list[dict], entry: dict) -> int | None:
-    """Index of the fastest healthy deployment of `entry`'s shape, or None."""
-    return _fastest(history, comparable_indexes(history, entry))
-
-
-def reference(history: list[dict], index: int) -> dict:
-    """One deployment as a throughput reference: its number (as history.yml lists it),
-    release, time, the tokens/s and per-stage seconds its health check measured."""
-    entry = history[index]
-    return {
-        "number": index + 1,
-        "release": entry.get("release"),
-        "action": entry.get("action"),
-        "time": entry.get("time"),
-        "tokens_per_s": entry.get("tokens_per_s"),
-        "stages": entry.get("stages"),
-    }
-
-
-def throughput_references(history: list[dict], index: int | None) -> dict:
-    """What a running trainer of deployment `index` is compared with: that deployment's own
-    health check and the fastest comparable healthy deployment (`current` says whether that
-    is the same one). Either is None when history has no such figure."""
-    if index is None:
-        return {"health_check": None, "fastest": None}
-    fastest = fastest_comparable(history, history[index])
-    return {
-        "health_check": reference(history, index) if rated(history[index]) else None,
-        "fastest": None
-        if fastest is None
-        else dict(reference(history, fastest), current=fastest == index),
-    }

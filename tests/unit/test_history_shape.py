@@ -1,24 +1,25 @@
-"""Which deployments ran the same workload (module_utils/dflash_history.py): the shape of a
-deployment from its recorded run.sh values, the comparable healthy ones, the fastest of them."""
+"""Which deployments ran the same workload (module_utils/dflash_throughput.py): the shape of a
+deployment from its recorded run.sh values, the comparable healthy ones, the fastest of them,
+and the median the deploy's throughput gate compares with."""
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 
-from ansible.module_utils.dflash_history import (
+from ansible.module_utils.dflash_history import select
+from ansible.module_utils.dflash_throughput import (
     CPU_TOKEN_BUDGET,
     SHAPE_DEFAULTS,
     comparable,
     comparable_indexes,
     fastest_comparable,
-    select,
+    gate_baseline,
     shape_of,
     throughput_references,
 )
 
-from dflash import options
+from dflash import flags
 from tests.helpers import REPO
 
 CPU = {"mode": "cpu", "target": [], "drafter": []}
@@ -70,14 +71,10 @@ def test_a_flag_given_as_its_default_or_as_text_is_the_same_shape():
 
 
 def test_shape_defaults_are_the_trainers():
-    parser = argparse.ArgumentParser()
-    options.add_target_args(parser)
-    options.add_drafter_args(parser)
-    options.add_shape_args(parser)
-    defaults = vars(parser.parse_args([]))
+    defaults = vars(flags.train_parser().parse_args([]))
     assert {key: defaults[key] for key in SHAPE_DEFAULTS} == SHAPE_DEFAULTS
     assert defaults["token_budget"] is None  # filled in by mode, as the trainer does
-    assert options.CPU_TOKEN_BUDGET == CPU_TOKEN_BUDGET
+    assert flags.CPU_TOKEN_BUDGET == CPU_TOKEN_BUDGET
 
 
 def test_comparable_deployments_ignore_another_layout_or_shape():
@@ -130,7 +127,8 @@ def test_the_shape_functions_import_as_a_controller_filter_imports_them():
     # Filters put module_utils/ on sys.path (no ansible.module_utils.* there), e.g. a health
     # gate that takes the median of the comparable deployments.
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import dflash_history as h; "
+        "import sys; sys.path.insert(0, sys.argv[1]); import dflash_history; "
+        "import dflash_throughput as h; "
         "e = {'result': 'healthy', 'tokens_per_s': 5.0, 'run_sh': {'layout': {'mode': 'cpu'}}}; "
         "print(h.comparable_indexes([e, e], e))"
     )
@@ -139,3 +137,23 @@ def test_the_shape_functions_import_as_a_controller_filter_imports_them():
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert out.stdout.strip() == "[0, 1]"
+
+
+def test_the_gate_baseline_is_the_median_of_the_newest_comparable_deployments():
+    history = [
+        line("v1", 100.0),  # older than the newest five: left out
+        line("v2", 900.0),
+        line("v3", 1000.0),
+        line("v4", 50000.0, token_budget=16384),  # another shape: never a baseline
+        line("v5", 1100.0),
+        line("v6", 400.0),  # one slow run on a busy host moves a median little
+        line("v7", 1200.0),
+        line("v8", 99000.0, result="rolled_back"),
+    ]
+    candidate = {"run_sh": history[1]["run_sh"]}
+    baseline = gate_baseline(history, candidate)
+    assert baseline["tokens_per_s"] == 1000.0 and baseline["count"] == 5
+    assert "v2, v3, v5, v6, v7" in baseline["name"]
+    # A first deployment of a new shape has nothing to compare with: the gate stays open.
+    other = {"run_sh": {"layout": CPU, "trainer_args": {"target_model": "tiny"}}}
+    assert gate_baseline(history, other) == {}
