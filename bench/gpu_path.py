@@ -168,7 +168,9 @@ def path_for(kind: str, root: Path, gpu: int | None, rows: list) -> None:
     root.mkdir(parents=True)
     inv = inventory(root, gpu, lock_of_this_python(), target_args(kind, root, gpu is not None))
     play = lambda name, step, **extra: playbook(root, inv, name, rows, f"{kind}: {step}", **extra)  # noqa: E731
-    play("deploy.yml", "deploy (compile cache cold)", dflash_compile_cache="clear")
+    cold = play("deploy.yml", "deploy (compile cache cold)", dflash_compile_cache="clear")
+    if cold["result"] != "ok":
+        return  # what follows needs a deployment; the log says why
     play("verify.yml", "verify")
     if kind == "tiny":
         play("deploy.yml", "warm the cache + restart", dflash_compile_cache="warm",

@@ -114,8 +114,11 @@ def requirement_lines(lock: dict) -> list[str]:
 
 def installed_versions(env_dir: str) -> dict[str, str]:
     """Versions from dist-info metadata: no import, so it is fast and trusts nothing in the env."""
-    pattern = os.path.join(env_dir, "lib", "python3*", "site-packages", "*.dist-info", "METADATA")
-    return _metadata_versions(glob.glob(pattern))
+    found: dict[str, str] = {}
+    for site in sorted(glob.glob(os.path.join(env_dir, "lib", "python3*", "site-packages"))):
+        for name, version in _site_versions(site).items():
+            found.setdefault(name, version)
+    return found
 
 
 def interpreter_versions(python: str) -> dict[str, str] | None:
@@ -133,10 +136,27 @@ def interpreter_versions(python: str) -> dict[str, str] | None:
         return None
     found: dict[str, str] = {}
     for folder in paths:
-        for name, version in _metadata_versions(
-            glob.glob(os.path.join(folder or ".", "*.dist-info", "METADATA"))
-        ).items():
+        for name, version in _site_versions(folder or ".").items():
             found.setdefault(name, version)
+    return found
+
+
+# torch's own record of its build (`__version__ = '2.11.0+cu130'`), written when it is built:
+# some images' dist-info drops the local suffix that this file, and torch.__version__, keep.
+_TORCH_VERSION = re.compile(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", re.MULTILINE)
+
+
+def _site_versions(site: str) -> dict[str, str]:
+    """The dist-info versions of one site-packages folder, torch's with its build suffix."""
+    found = _metadata_versions(glob.glob(os.path.join(site, "*.dist-info", "METADATA")))
+    if "torch" in found:
+        try:
+            with open(os.path.join(site, "torch", "version.py"), encoding="utf-8") as handle:
+                match = _TORCH_VERSION.search(handle.read())
+        except OSError:
+            match = None
+        if match and match[1].split("+")[0] == found["torch"].split("+")[0]:
+            found["torch"] = match[1]
     return found
 
 
