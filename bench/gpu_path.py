@@ -163,7 +163,9 @@ def target_args(kind: str, root: Path, compile_drafter: bool) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def path_for(kind: str, root: Path, gpu: int | None, rows: list, compile_drafter: bool) -> None:
+def path_for(
+    kind: str, root: Path, gpu: int | None, rows: list, compile_drafter: bool, quick: bool
+) -> None:
     root.mkdir(parents=True)
     inv = inventory(root, gpu, lock_of_this_python(), target_args(kind, root, compile_drafter))
     play = lambda name, step, **extra: playbook(root, inv, name, rows, f"{kind}: {step}", **extra)  # noqa: E731
@@ -171,18 +173,52 @@ def path_for(kind: str, root: Path, gpu: int | None, rows: list, compile_drafter
     if cold["result"] != "ok":
         return  # what follows needs a deployment; the log says why
     play("verify.yml", "verify")
-    if kind == "tiny":
+    if kind == "tiny" and gpu is not None:
+        foreign_process_on_the_gpu(root, gpu, rows, play)
+    if kind == "tiny" and not quick:
         play("deploy.yml", "warm the cache + restart", dflash_compile_cache="warm",
              dflash_restart=True)  # fmt: skip
-        first = json.loads((root / "state" / "history.jsonl").read_text().splitlines()[-1])
+    first = json.loads((root / "state" / "history.jsonl").read_text().splitlines()[-1])
+    if kind == "tiny":
+        # --quick stages the changed release (its new cache folder) without its cold compile.
         play("deploy.yml", "deploy changed code (new fingerprint)",
-             dflash_source_dir=str(changed_source(root)))  # fmt: skip
-        play("verify.yml", "verify")
+             dflash_source_dir=str(changed_source(root)), dflash_launch=not quick)  # fmt: skip
+        if not quick:
+            play("verify.yml", "verify")
         play("rollback.yml", "rollback to the first release", dflash_release=first["release"])
         play("verify.yml", "verify")
     else:
         play("deploy.yml", "restart (compile cache warm)", dflash_restart=True)
     play("playbooks/stop.yml", "stop")
+
+
+HOLD_MIB = 2048
+
+
+def foreign_process_on_the_gpu(root: Path, gpu: int, rows: list, play: Any) -> None:
+    """A second process holds memory on the job's GPU: verify's gpu finding must name its pid
+    and memory; once it is gone, verify is clean again."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import time, torch; x = torch.empty({HOLD_MIB} << 20, "
+         f"dtype=torch.uint8, device='cuda:{gpu}'); print('holding', flush=True); "
+         "time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+    try:
+        row = play("verify.yml", f"verify, a second process (pid {holder.pid}) holding "
+                   f"{HOLD_MIB} MiB on GPU {gpu}")  # fmt: skip
+        report = json.loads((root / "reports" / "verify.json").read_text())
+        found = [f for f in report["hosts"]["gpu"]["findings"] if f["kind"] == "gpu"]
+        named = [f for f in found if str(holder.pid) in json.dumps(f)]
+        row["result"] = (
+            f"gpu finding names pid {holder.pid}: {named[0]['found']}" if named
+            else f"not named ({found or 'no gpu finding'})"
+        )  # fmt: skip
+    finally:
+        holder.kill()
+        holder.wait()
+    play("verify.yml", "verify, the second process gone")
 
 
 def main() -> None:
@@ -192,6 +228,11 @@ def main() -> None:
     parser.add_argument("--gpu", type=int, default=0)
     parser.add_argument(
         "--cpu", action="store_true", help="a rehearsal of the same path on the CPU (tiny only)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one cold compile only: no warm restart, the changed release staged, not launched",
     )
     parser.add_argument(
         "--eager", action="store_true",
@@ -208,7 +249,7 @@ def main() -> None:
     kinds = ["tiny", "8b"] if args.target == "both" else [args.target]
     for kind in kinds:
         gpu = None if args.cpu else args.gpu
-        path_for(kind, root / kind, gpu, rows, compile_drafter=gpu is not None and not args.eager)
+        path_for(kind, root / kind, gpu, rows, gpu is not None and not args.eager, args.quick)
     device = "CPU" if args.cpu else torch.cuda.get_device_name(args.gpu)
     print(f"\n{device}, torch {torch.__version__}; under {root}")
     print("| step | seconds | result | first step s | tokens/s | slowest roles (s) |")

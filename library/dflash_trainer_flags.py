@@ -80,7 +80,10 @@ def check(archive: str, argv: list[str]) -> dict:
                 cwd=folder, capture_output=True, text=True, timeout=60, check=False,
             )  # fmt: skip
     if proc.returncode not in (0, 2):
-        raise RuntimeError(f"dflash.flags of {archive} failed: {proc.stderr[-1000:]}")
+        raise RuntimeError(
+            f"the release's dflash.flags ({archive}) exited {proc.returncode} before it could judge"
+            f" the flags, so this release's package does not even import: {proc.stderr[-1000:]}"
+        )
     return {"checked": True, "problems": proc.stderr.strip().splitlines()}
 
 
@@ -96,7 +99,10 @@ def main() -> None:
     try:
         module.exit_json(changed=False, **check(module.params["archive"], argv))
     except (OSError, tarfile.TarError, RuntimeError, subprocess.SubprocessError) as err:
-        module.fail_json(msg=f"cannot check the trainer flags: {err}")
+        module.fail_json(
+            msg=f"cannot check the trainer flags: {err}\nNothing was changed on the target; fix"
+            " the release and deploy it again."
+        )
 
 
 if __name__ == "__main__":

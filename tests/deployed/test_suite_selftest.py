@@ -20,12 +20,14 @@ from tests.integration.conftest import TRAINER_ARGS, alive, deploy, status_of  #
 pytestmark = [pytest.mark.selftest, pytest.mark.slow]
 
 
-def local_inventory(path: Path, root: Path) -> Path:
-    """inventory/local.yml's host with its own state root; paths the original derives from
-    its folder (the wheelhouse) still point into this checkout."""
+def local_inventory(path: Path, root: Path, **host_vars: object) -> Path:
+    """inventory/local.yml's host with its own state root (and any other host variables);
+    paths the original derives from its folder (the wheelhouse) still point into this
+    checkout."""
     text = (REPO / "inventory" / "local.yml").read_text()
     inventory = yaml.safe_load(text.replace("{{ inventory_dir | dirname }}", str(REPO)))
-    inventory["all"]["children"]["dflash_targets"]["hosts"]["local"]["dflash_root"] = str(root)
+    host = inventory["all"]["children"]["dflash_targets"]["hosts"]["local"]
+    host.update(dflash_root=str(root), **host_vars)
     path.write_text(yaml.safe_dump(inventory))
     return path
 

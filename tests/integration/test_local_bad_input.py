@@ -165,3 +165,20 @@ def test_a_read_only_state_root_is_refused_before_any_change(deployed, tmp_path)
     assert run.rc != 0
     assert f"dflash_root '{root}' is not writable (Read-only file system)" in run.text, run.output
     assert snapshot(root) == before
+
+
+def test_a_release_whose_package_does_not_import_is_refused_first(deployed):
+    root = Path(deployed["dflash_root"])
+    repo = Path(deployed["dflash_source_dir"])
+    (repo / "dflash" / "__init__.py").write_text("raise RuntimeError('boom at import')\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=t@example.invalid", "-c", "user.name=t"]
+    subprocess.run([*git, "commit", "-qam", "broken"], check=True)
+    subprocess.run([*git, "tag", "broken"], check=True)
+    subprocess.run([*git, "reset", "-q", "--hard", "HEAD~1"], check=True)  # others deploy HEAD
+    before = snapshot(root)
+    run = run_playbook("deploy.yml", {**deployed, "dflash_ref": "broken"})
+    assert run.rc != 0
+    flat = " ".join(run.output.split())
+    assert "this release's package does not even import" in flat, run.output
+    assert "boom at import" in flat and "Nothing was changed on the target" in flat
+    assert snapshot(root) == before

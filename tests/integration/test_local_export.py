@@ -87,7 +87,12 @@ def test_export_fetches_a_checked_folder_and_records_it(deploy, playbook, target
     verify = playbook("verify.yml")
     assert verify.rc == 0, verify.output
     assert verify.report["hosts"]["local"]["verdict"] == "ok"
-    suite = run_suite(local_inventory(tmp_path / "inventory.yml", target_root), tmp_path / "s.xml")
+    # tokens/s on a shared machine is noise: the suite's throughput test is off here, as
+    # verify's is in every fixture (this test is about the export, not the speed).
+    inventory = local_inventory(
+        tmp_path / "inventory.yml", target_root, dflash_verify_min_throughput_ratio=0
+    )
+    suite = run_suite(inventory, tmp_path / "s.xml")
     assert suite.rc == 0 and not suite.failed, suite.output
     reports = tmp_path / "reports"
     listed_rows = playbook("history.yml", dflash_history_json=str(reports / "history.json"))

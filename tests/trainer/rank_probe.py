@@ -15,9 +15,9 @@ import torch.distributed as dist
 
 from dflash.assemble import build_trainer
 from dflash.cluster import Cluster, torchrun_rank
+from dflash.flags import train_parser as build_parser
 from dflash.pipeline import FeatureBatch
 from dflash.topology import plan_layout, resolve_roles
-from dflash.train import build_parser
 
 
 def main(out: str, argv: list[str]) -> None:

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from dflash.flags import train_parser
 from dflash.options import build_drafter, drafter_config, gamma
 from dflash.pipeline import FeatureBatch
 from dflash.step import DrafterStep
 from dflash.target import load_target
-from dflash.train import build_parser
 
 from .conftest import REPO, argv, cli_env
 
@@ -100,7 +100,7 @@ def test_two_drafter_ranks_with_unequal_tokens_train_like_one_rank_on_both(tmp_p
     # Each rank had one of the two samples: deliberately unequal supervised tokens.
     assert sorted(int(b["loss_mask"].sum()) for b in batches) == sorted(supervised) == [6, 56]
 
-    args = build_parser().parse_args(flags)
+    args = train_parser().parse_args(flags)
     loss, grads = one_rank(args, batches, per_rank=False)
     _, per_rank = one_rank(args, batches, per_rank=True)
     assert probe_out["grads"].keys() == grads.keys()
