@@ -41,18 +41,17 @@ def history_entry(
 
 
 def already_recorded(history: list[dict], entry: dict) -> bool:
-    """Whether history already says that `entry` is what is deployed: the same trainer run, or
-    (a deployment without a trainer) a newest deployment line of the same release, tree,
-    run.sh and env."""
+    """Whether history already says that `entry` is what is deployed: the newest deployment
+    line is of the same release, tree, run.sh and env, and (a launched trainer) of the same
+    trainer run. Only the newest counts: a rollback to a release whose trainer still runs
+    (after a staged deploy) is a new line, although that run was recorded once before."""
     if entry.get("result") not in GOOD_RESULTS:
         return False
-    run_id = entry.get("run_id")
-    if run_id:
-        # A launched trainer is recorded once, by its run id (the launch, or the next run that
-        # adopted it after an interrupted one).
-        return any(e.get("run_id") == run_id and e.get("result") in GOOD_RESULTS for e in history)
     last = last_deployment(history)
-    return last is not None and all(last.get(key) == entry.get(key) for key in IDENTITY)
+    if last is None or any(last.get(key) != entry.get(key) for key in IDENTITY):
+        return False
+    run_id = entry.get("run_id")
+    return not run_id or last.get("run_id") == run_id
 
 
 def record_once(root: str, entry: dict) -> bool:

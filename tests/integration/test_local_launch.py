@@ -13,7 +13,7 @@ import time
 from tests.integration.conftest import add_release, alive, read_json, status_of
 
 
-def test_healthy_launch_no_restart_then_clean_switch(deploy, trainer_repo, target_root):
+def test_healthy_launch_no_restart_then_clean_switch(deploy, playbook, trainer_repo, target_root):
     first = deploy("v1")
     assert first.rc == 0, first.output
     record = read_json(target_root / "trainer.json")
@@ -42,6 +42,21 @@ def test_healthy_launch_no_restart_then_clean_switch(deploy, trainer_repo, targe
     assert [(e["release"], e["result"]) for e in history] == [("v1", "healthy"), ("v2", "healthy")]
     assert history[-1]["run_id"] == new["run_id"] and history[-1]["tokens_per_s"]
     assert history[-1]["run_sh_sha256"] and "dflash.train" in history[-1]["run_sh_text"]
+
+    # v3 staged (not launched: v2's trainer trains on), then a rollback to v2: its run is
+    # adopted, not restarted, and the rollback is a line of its own (verify agrees).
+    add_release(trainer_repo, "v3", "dflash/__init__.py", "# v3\n")
+    assert deploy("v3", dflash_launch=False).rc == 0
+    back = playbook("rollback.yml", dflash_release="v2", dflash_launch=True)
+    assert back.rc == 0, back.output
+    assert read_json(target_root / "trainer.json")["run_id"] == new["run_id"]
+    history = [json.loads(x) for x in (target_root / "history.jsonl").read_text().splitlines()]
+    assert [(e["action"], e["release"]) for e in history[-2:]] == [
+        ("deploy", "v3"), ("rollback", "v2")
+    ]  # fmt: skip
+    assert history[-1]["run_id"] == new["run_id"]
+    verify = playbook("verify.yml")
+    assert verify.rc == 0 and verify.report["hosts"]["local"]["verdict"] == "ok", verify.output
 
 
 def test_stray_and_sigterm_deaf_trainers_are_stopped(deploy, target_root):
