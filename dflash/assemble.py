@@ -157,6 +157,8 @@ def build_trainer(
         compile=args.compile_drafter,
         static=shape.static,
         module=module,
+        ranks=cluster.num_drafters,
+        weight_sum=cluster.weight_sum if cluster.num_drafters > 1 else None,
     )
     trainer = Trainer(
         drafter,

@@ -43,11 +43,14 @@ def _steps(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def load_latest(folder: Path, warn: Callable[[str], None]) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that loads completely, or None."""
+def load_latest(
+    folder: Path, warn: Callable[[str], None], mmap: bool = False
+) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that loads completely, or None. `mmap` maps the file instead of
+    reading it: tensors are read when used (an export reads the weights, never the optimizer)."""
     for step, path in _steps(folder):
         try:
-            payload = torch.load(path, map_location="cpu", weights_only=True)
+            payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
         except Exception as exc:  # a truncated zip fails in several ways
             warn(f"skipping checkpoint {path}: cannot be read ({type(exc).__name__}: {exc})")
             continue

@@ -65,12 +65,22 @@ class Cluster:
         return bool(flag.item() > 0)
 
     def step_totals(self, loss: float, num_tokens: int) -> tuple[float, int]:
-        """Drafter ranks: the mean loss and the tokens of this step over all drafter ranks."""
+        """Drafter ranks: the loss and the tokens of this step over all drafter ranks. Each
+        rank's loss is its share of the global objective scaled by the rank count
+        (`dflash.step.DrafterStep`), so their mean is the global loss."""
         if not self.distributed:
             return loss, num_tokens
         values = torch.tensor([loss, float(num_tokens)], dtype=torch.float64)
         dist.all_reduce(values, group=self.drafters_control)
         return values[0].item() / self.num_drafters, int(values[1].item())
+
+    def weight_sum(self, local: torch.Tensor) -> torch.Tensor:
+        """Drafter ranks: a scalar summed over every drafter rank (the loss's global weight),
+        on the drafters' own group and device."""
+        total = local.detach().clone()
+        if self.distributed:
+            dist.all_reduce(total, group=self.drafters)
+        return total
 
     def share(self, value: Any, src: int) -> Any:
         """Every rank gets rank `src`'s value (a small picklable object)."""

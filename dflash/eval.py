@@ -1,8 +1,16 @@
-"""python -m dflash.eval: acceptance length tau of a drafter checkpoint on held-out data.
+"""python -m dflash.eval: acceptance length tau of a drafter on held-out data.
 
-tau is measured by running speculative decoding with greedy verification: per verification step,
-accepted = the number of leading draft tokens equal to the target's greedy tokens, plus the one
-token the target adds itself. tau = generated tokens / verification steps (1 = no speed-up).
+tau is measured by running speculative decoding with greedy verification, by the rules of the
+public DFlash benchmark (`dflash_generate`): per verification step, the acceptance length is the
+number of leading draft tokens equal to the target's greedy tokens, plus the one token the
+target adds itself; a sample is verified while fewer than max_new_tokens + 1 tokens are out
+(so the last step runs when generated == max_new_tokens) and stops after the step that
+produced a stop token (the tokenizer's EOS). Two aggregations: `tau`, the mean over prompts of
+each prompt's mean acceptance length (the figure the benchmark prints), and `tau_pooled`, all
+acceptance lengths over all verification steps (1 = no speed-up).
+
+The drafter is a training checkpoint (a file, or a folder's newest one) or a published or
+exported DFlash drafter folder (`dflash.public_format`).
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +28,12 @@ from torch import Tensor
 from dflash import checkpoint
 from dflash.data import load_jsonl, random_prompts
 from dflash.errors import ConfigError
+from dflash.flags import nonneg_int, positive_int
 from dflash.mask import attention_mask
 from dflash.model import Drafter, DrafterConfig
-from dflash.options import build_drafter, nonneg_int, positive_int
-from dflash.target import TINY, Target, load_target
+from dflash.options import build_drafter
+from dflash.public_format import is_drafter_folder, read_folder, target_problems
+from dflash.target import TINY, Target, load_target, load_tokenizer
 from dflash.topology import device_of, parse_gpu_list, require_gpus
 
 
@@ -44,17 +55,30 @@ def draft_block(drafter: Drafter, features: Tensor, last_token: int) -> list[int
     return drafter.logits(hidden[0, 1:]).argmax(-1).tolist()
 
 
+@dataclass(frozen=True)
+class Decoded:
+    tokens: list[int]  # the prefill's token, then every verification step's
+    lengths: list[int]  # acceptance length of each verification step
+
+
 @torch.no_grad()
 def speculative_decode(
-    target: Target, drafter: Drafter, prompt: list[int], max_new_tokens: int
-) -> tuple[int, int]:
-    """Generate max_new_tokens greedily with drafts; returns (tokens generated, verify steps)."""
+    target: Target,
+    drafter: Drafter,
+    prompt: list[int],
+    max_new_tokens: int,
+    stop_token_ids: frozenset[int] = frozenset(),
+) -> Decoded:
+    """Greedy speculative decoding of one prompt: the tokens after it and the acceptance length
+    of each verification step (accepted drafts + 1)."""
     device = target.device
     features, logits = target.forward(torch.tensor([prompt], device=device), logits=True)
     seq = [*prompt, int(logits[0, -1].argmax())]
     ctx = features  # target features of seq[:-1]
-    generated, steps = 1, 0
-    while generated < max_new_tokens:
+    lengths: list[int] = []
+    # The block starts at the last token, seq[-1]; verify while that start is inside the
+    # max_new_tokens after the prompt, as the benchmark's `while start < max_length`.
+    while len(seq) - 1 - len(prompt) < max_new_tokens:
         draft = draft_block(drafter, ctx.to(drafter.fc.weight.device), seq[-1])
         anchor = len(seq) - 1
         features, logits = target.forward(torch.tensor([seq + draft], device=device), logits=True)
@@ -64,24 +88,67 @@ def speculative_decode(
             accepted += 1
         seq += [*draft[:accepted], greedy[accepted]]
         ctx = features[:, : len(seq) - 1]
-        generated += accepted + 1
-        steps += 1
-    return generated - 1, steps  # the prefill's token was not drafted
+        lengths.append(accepted + 1)
+        if stop_token_ids.intersection(seq[len(prompt) :]):
+            break  # the benchmark checks after each step, the prefill's token included
+    return Decoded(seq[len(prompt) :], lengths)
+
+
+def tau_summary(per_prompt: list[list[int]], block_size: int) -> dict[str, Any]:
+    """The two published aggregations of per-step acceptance lengths, and their counts."""
+    lengths = [n for steps in per_prompt for n in steps]
+    prompt_taus = [sum(steps) / len(steps) for steps in per_prompt if steps]
+    return {
+        "tau": sum(prompt_taus) / max(1, len(prompt_taus)),
+        "tau_pooled": sum(lengths) / max(1, len(lengths)),
+        "tau_per_prompt": prompt_taus,
+        "tokens": sum(lengths),
+        "verify_steps": len(lengths),
+        "samples": len(per_prompt),
+        "acceptance_length_counts": [lengths.count(n) for n in range(block_size + 1)],
+    }
 
 
 def acceptance_length(
-    target: Target, drafter: Drafter, prompts: list[list[int]], max_new_tokens: int
+    target: Target,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    stop_token_ids: frozenset[int] = frozenset(),
 ) -> dict[str, Any]:
-    tokens = steps = 0
-    for prompt in prompts:
-        got, took = speculative_decode(target, drafter, prompt, max_new_tokens)
-        tokens, steps = tokens + got, steps + took
-    return {
-        "tau": tokens / max(1, steps),
-        "tokens": tokens,
-        "verify_steps": steps,
-        "samples": len(prompts),
-    }
+    per_prompt = [
+        speculative_decode(target, drafter, prompt, max_new_tokens, stop_token_ids).lengths
+        for prompt in prompts
+    ]
+    return tau_summary(per_prompt, drafter.cfg.block_size)
+
+
+def default_stop_tokens(target: Target, tokenizer_dir: str | None) -> frozenset[int]:
+    """The tokenizer's EOS and the target's generation-config EOS ids (none for `tiny`)."""
+    ids: set[int] = set()
+    generation = getattr(target.model, "generation_config", None)
+    eos = getattr(generation, "eos_token_id", None)
+    ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if tokenizer_dir is not None:
+        try:
+            tokenizer = load_tokenizer(tokenizer_dir)
+        except ConfigError:
+            tokenizer = None  # a weights-only folder: the generation config says enough
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            ids.add(int(tokenizer.eos_token_id))
+    return frozenset(int(i) for i in ids)
+
+
+def stop_token_list(text: str) -> frozenset[int]:
+    """--stop-token-ids: comma-separated token ids ("none" for no stop tokens)."""
+    if text.strip() == "none":
+        return frozenset()
+    try:
+        return frozenset(int(word) for word in text.split(",") if word.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a list of token ids like 2,151645 (or none)"
+        ) from None
 
 
 def heldout_prompts(args: argparse.Namespace, target: Target) -> list[list[int]]:
@@ -101,15 +168,16 @@ def heldout_prompts(args: argparse.Namespace, target: Target) -> list[list[int]]
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m dflash.eval", description="Acceptance length tau of a drafter checkpoint."
+        prog="python -m dflash.eval", description="Acceptance length tau of a drafter."
     )
     parser.add_argument(
-        "--target-model", default=None, help="default: the target the checkpoint was trained for"
+        "--target-model", default=None, help="default: the target the drafter was trained for"
     )
     parser.add_argument(
         "--checkpoint",
         default=None,
-        help="a checkpoint file, or a folder (its newest complete checkpoint)",
+        help="a checkpoint file, a folder of checkpoints (its newest complete one), or a "
+        "published or exported DFlash drafter folder (config.json + model.safetensors)",
     )
     parser.add_argument(
         "--checkpoint-dir", default="checkpoints", help="used when --checkpoint is not given"
@@ -121,6 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokenizer", default=None)
     parser.add_argument("--num-samples", type=positive_int, default=16)
     parser.add_argument("--max-new-tokens", type=positive_int, default=48)
+    parser.add_argument(
+        "--stop-token-ids",
+        type=stop_token_list,
+        default=None,
+        help="a sample stops after the step that produced one of these (default: the "
+        "tokenizer's EOS and the target's generation-config EOS ids; none for no stop)",
+    )
     parser.add_argument(
         "--seed",
         type=nonneg_int,
@@ -138,7 +213,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_checkpoint(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
+    """A training checkpoint's payload, or the same fields from a drafter folder."""
     where = Path(args.checkpoint or args.checkpoint_dir)
+    if is_drafter_folder(where):
+        public = read_folder(where)
+        origin = public.provenance or {}
+        return where, {
+            "drafter_config": public.cfg.as_dict(),
+            "drafter": public.state,
+            "step": origin.get("step"),
+            "target_model": (origin.get("trained_by") or {}).get("target_model"),
+            "public": public,
+        }
     if where.is_file():
         try:
             return where, torch.load(where, map_location="cpu", weights_only=True)
@@ -151,6 +237,30 @@ def load_checkpoint(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     return found
 
 
+def load_drafter(
+    args: argparse.Namespace, device: torch.device
+) -> tuple[Path, dict[str, Any], Target, Drafter]:
+    """The drafter to measure and the target it drafts for (checked to fit each other)."""
+    path, payload = load_checkpoint(args)
+    cfg = DrafterConfig(**payload["drafter_config"])
+    args.target_model = args.target_model or payload["target_model"]
+    if not args.target_model:
+        raise ConfigError(f"--checkpoint '{path}' does not name its target; pass --target-model")
+    target = load_target(args.target_model, device, cfg.num_features, cfg.mask_token_id)
+    public = payload.get("public")
+    problems = target_problems(public, target.config, args.target_model) if public else []
+    if (target.config.hidden_size, target.config.vocab_size) != (cfg.hidden_size, cfg.vocab_size):
+        problems.append(
+            f"--target-model '{args.target_model}': hidden/vocab size differ from the "
+            f"drafter's ({cfg.hidden_size}/{cfg.vocab_size})"
+        )
+    if problems:
+        raise ConfigError("; ".join(dict.fromkeys(problems)))
+    drafter = build_drafter(cfg, target.embed_weight(), target.lm_head_weight(), device, 0)
+    drafter.load_state_dict(payload["drafter"])
+    return path, payload, target, drafter
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -158,24 +268,13 @@ def main(argv: list[str] | None = None) -> int:
         if len(gpus) > 1:
             raise ConfigError(f"--gpu '{args.gpu}': eval runs on one GPU")
         require_gpus("--gpu", args.gpu, gpus)
-        device = device_of(gpus)
-        path, payload = load_checkpoint(args)
-        cfg = DrafterConfig(**payload["drafter_config"])
-        args.target_model = args.target_model or payload["target_model"]
-        target = load_target(args.target_model, device, cfg.num_features, cfg.mask_token_id)
-        if (
-            target.config.hidden_size != cfg.hidden_size
-            or target.config.vocab_size != cfg.vocab_size
-        ):
-            raise ConfigError(
-                f"--target-model '{args.target_model}': hidden/vocab size differ from the "
-                f"checkpoint's ({cfg.hidden_size}/{cfg.vocab_size})"
-            )
-        drafter = build_drafter(cfg, target.embed_weight(), target.lm_head_weight(), device, 0)
-        drafter.load_state_dict(payload["drafter"])
-        result = acceptance_length(
-            target, drafter, heldout_prompts(args, target), args.max_new_tokens
-        )
+        path, payload, target, drafter = load_drafter(args, device_of(gpus))
+        tokenizer = args.tokenizer or (None if args.target_model == TINY else args.target_model)
+        stops = args.stop_token_ids
+        if stops is None:
+            stops = default_stop_tokens(target, tokenizer)
+        prompts = heldout_prompts(args, target)
+        result = acceptance_length(target, drafter, prompts, args.max_new_tokens, stops)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -183,8 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         {
             "checkpoint": str(path),
             "step": payload["step"],
-            "block_size": cfg.block_size,
+            "block_size": drafter.cfg.block_size,
             "target_model": args.target_model,
+            "max_new_tokens": args.max_new_tokens,
+            "stop_token_ids": sorted(stops),
         }
     )
     text = json.dumps(result, indent=2)

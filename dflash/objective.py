@@ -7,9 +7,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# Loss decay per block size (DFlash recipe); other sizes need an explicit --gamma.
-DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
-
 
 def sample_anchors(
     loss_mask: Tensor, num_anchors: int, generator: torch.Generator, fixed: bool
@@ -115,15 +112,25 @@ class _WeightedLMHeadCE(torch.autograd.Function):
 
 
 def weighted_block_loss(
-    hidden: Tensor, lm_head_weight: Tensor, labels: Tensor, weights: Tensor, chunk: int = 1024
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    labels: Tensor,
+    weights: Tensor,
+    normaliser: Tensor | None = None,
+    chunk: int = 1024,
 ) -> Tensor:
-    """L = sum(w * CE) / sum(w) over the block slots; only slots with w > 0 reach the lm_head."""
+    """sum(w * CE) / normaliser over the block slots; only slots with w > 0 reach the lm_head.
+
+    The normaliser defaults to this batch's sum(w): L = sum(w * CE) / sum(w). With several
+    drafter ranks the step passes the global weight sum over the number of ranks (see
+    `dflash.step.DrafterStep`).
+    """
     w = weights.reshape(-1)
     picked = w.nonzero().squeeze(1)
-    total = w.sum()
     if picked.numel() == 0:
         # Nothing to learn from this batch: a zero that still reaches every parameter.
         return hidden.sum() * 0.0
+    total = w.sum() if normaliser is None else normaliser
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, picked)
     scale = w.index_select(0, picked) / total
     return _WeightedLMHeadCE.apply(h, lm_head_weight, labels.reshape(-1)[picked], scale, chunk)

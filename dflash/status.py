@@ -41,6 +41,7 @@ class StatusFile:
             "gpus": {"target": [], "drafter": []},
             "step": 0,
             "tokens_per_s": 0.0,
+            "throughput_window": None,  # {steps, size} that tokens_per_s covers, once steps run
             "loss": None,
             "started_at": utc_now(),
             "updated_at": None,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -26,6 +28,13 @@ class DrafterStep:
     `static` forces that elsewhere (several processes on the CPU: the same maths as on GPUs).
     `module` runs the drafter's forward: a DistributedDataParallel wrapper with several
     drafter ranks, else the drafter itself.
+
+    The loss is global over the `ranks` drafter ranks: sum(w * CE) over every rank's batch
+    divided by the weight sum of all of them (`weight_sum` all-reduces a rank's sum(w)), so N
+    ranks train exactly like one rank on the union of their batches, however unequal their
+    supervised tokens. DDP averages the ranks' gradients, so each rank's loss is
+    ranks * sum(w * CE) / W: the average of their gradients is the global objective's, and the
+    mean of their loss values is the global loss.
     """
 
     def __init__(
@@ -37,6 +46,8 @@ class DrafterStep:
         *,
         static: bool = False,
         module: nn.Module | None = None,
+        ranks: int = 1,
+        weight_sum: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
         self.drafter = drafter
         self.gamma = gamma
@@ -45,6 +56,8 @@ class DrafterStep:
         self.on_gpu = self.device.type == "cuda"
         self.static_shapes = static or static_shapes(self.device, compile)
         module = drafter if module is None else module
+        self.ranks = ranks
+        self.weight_sum = weight_sum
         self.forward = torch.compile(module, dynamic=False) if compile else module
 
     def loss(self, batch: FeatureBatch, generator: torch.Generator) -> Tensor:
@@ -56,9 +69,14 @@ class DrafterStep:
         labels, weights = block_targets(
             batch.input_ids, batch.loss_mask, anchors, kept, cfg.block_size, self.gamma
         )
+        normaliser = None
+        if self.weight_sum is not None:  # one scalar all-reduce per step, the batch's sum(w)
+            normaliser = self.weight_sum(weights.sum()) / self.ranks
         mask = attention_mask(
             anchors, kept, batch.input_ids.shape[1], cfg.block_size, flex=self.on_gpu
         )
         with torch.autocast(self.device.type, torch.bfloat16, enabled=self.on_gpu):
             hidden = self.forward(batch.features, ids, positions, mask)
-            return weighted_block_loss(hidden, self.drafter.lm_head_weight, labels, weights)
+            return weighted_block_loss(
+                hidden, self.drafter.lm_head_weight, labels, weights, normaliser
+            )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import signal
 import sys
 import threading
@@ -29,20 +28,14 @@ from dflash import checkpoint
 from dflash.assemble import build_server, build_trainer
 from dflash.cluster import Cluster, torchrun_rank
 from dflash.errors import ConfigError
+from dflash.flags import train_parser
 from dflash.model import DrafterConfig
-from dflash.options import (
-    add_drafter_args,
-    add_gen_args,
-    add_shape_args,
-    add_target_args,
-    nonneg_float,
-    nonneg_int,
-    positive_float,
-    positive_int,
-)
-from dflash.provenance import code_tree_sha256, header_lines, release_name
+from dflash.options import drafter_differences
+from dflash.provenance import code_tree_sha256, header_lines, release_name, training_data
+from dflash.public_format import PublicDrafter, is_drafter_folder, read_folder, target_problems
 from dflash.stages import StageWindow, stage_text
 from dflash.status import StatusFile, utc_now
+from dflash.target import load_target_config
 from dflash.topology import Layout, plan_layout, resolve_roles
 from dflash.trainer import Trainer
 
@@ -59,104 +52,6 @@ def rank_log(cluster: Cluster) -> Callable[[str], None]:
     if cluster.me.target and cluster.rank == 0:
         return lambda message: log(f"[rank {cluster.rank}] {message}")
     return lambda message: None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m dflash.train", description="Train a DFlash drafter for a frozen target."
-    )
-    add_target_args(parser)
-    gpus = parser.add_argument_group("GPU roles (both empty: CPU)")
-    gpus.add_argument(
-        "--target-gpus", default="", help="GPUs running the target, e.g. 0-3 or 0,1 (default: none)"
-    )
-    gpus.add_argument(
-        "--drafter-gpus",
-        default="",
-        help="GPUs training the drafter; equal to --target-gpus = colocated",
-    )
-    gpus.add_argument(
-        "--prefetch",
-        type=positive_int,
-        default=2,
-        help="split mode: batches a target rank may run ahead of its drafter ranks (default 2)",
-    )
-    gpus.add_argument(
-        "--dist-timeout",
-        type=positive_float,
-        default=1800.0,
-        help="seconds any wait between ranks may take before the job fails, start-up "
-        "(loading, generating data) and compilation included (default 1800)",
-    )
-    gpus.add_argument(  # tests: the ranks of the GPU lists as processes on the CPU (gloo)
-        "--cpu-ranks", action="store_true", help=argparse.SUPPRESS
-    )
-    add_drafter_args(parser)
-    add_shape_args(parser)
-    parser.add_argument(
-        "--compile-drafter",
-        action="store_true",
-        help="torch.compile the drafter step (static shapes)",
-    )
-    parser.add_argument(
-        "--data", default=None, help="JSONL training data (default: the target's own continuations)"
-    )
-    add_gen_args(parser, samples=512)
-    optim = parser.add_argument_group("optimisation")
-    optim.add_argument("--lr", type=positive_float, default=6e-4, help="peak AdamW lr")
-    optim.add_argument(
-        "--warmup-ratio",
-        type=nonneg_float,
-        default=0.04,
-        help="share of --max-steps spent warming the lr up (default 0.04)",
-    )
-    optim.add_argument("--grad-clip", type=positive_float, default=1.0)
-    optim.add_argument(
-        "--max-steps",
-        type=positive_int,
-        default=100_000,
-        help="stop (checkpoint, status stopped, exit 0) after this many steps; "
-        "also the length of the cosine schedule",
-    )
-    optim.add_argument("--seed", type=nonneg_int, default=0)
-    run = parser.add_argument_group("run")
-    run.add_argument("--run-id", default=f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-    run.add_argument("--checkpoint-dir", default="checkpoints")
-    run.add_argument(
-        "--checkpoint-every",
-        type=positive_int,
-        default=1000,
-        help="steps between periodic checkpoints (default 1000)",
-    )
-    run.add_argument(
-        "--keep-checkpoints",
-        type=nonneg_int,
-        default=0,
-        help="delete all but the newest N checkpoints (default 0: keep all)",
-    )
-    run.add_argument("--status-file", default="status.json")
-    run.add_argument(
-        "--status-interval",
-        type=positive_float,
-        default=2.0,
-        help="seconds between status.json heartbeats (default 2)",
-    )
-    run.add_argument(
-        "--log-every", type=positive_int, default=10, help="steps between log lines (default 10)"
-    )
-    run.add_argument(
-        "--sleep-per-step",
-        type=nonneg_float,
-        default=0.0,
-        help="developer flag: sleep this long after each step (a slow release)",
-    )
-    run.add_argument(
-        "--target-random-init",
-        action="store_true",
-        help="developer flag: build --target-model's config.json with random weights "
-        "(benchmarks; needs --mask-token-id)",
-    )
-    return parser
 
 
 def resume_plan(folder: Path, cfg: DrafterConfig) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -179,6 +74,18 @@ def resume_plan(folder: Path, cfg: DrafterConfig) -> tuple[dict[str, Any], dict[
             "use another --checkpoint-dir or the same settings"
         )
     return {"path": str(path), "data": payload["data"]}, payload
+
+
+def init_plan(folder: Path, cfg: DrafterConfig, target_model: str) -> PublicDrafter:
+    """--init-from's drafter, refused unless it is the drafter these flags build."""
+    if not is_drafter_folder(folder):
+        raise ConfigError(f"--init-from '{folder}': not a folder holding a DFlash config.json")
+    drafter = read_folder(folder)
+    problems = target_problems(drafter, load_target_config(target_model), target_model)
+    problems += drafter_differences(drafter.cfg, cfg)
+    if problems:
+        raise ConfigError(f"--init-from '{folder}': {'; '.join(problems)}")
+    return drafter
 
 
 def shared_plan(
@@ -211,10 +118,20 @@ def resume(
     def plan() -> dict[str, Any]:
         where, payload = resume_plan(Path(args.checkpoint_dir), cfg)
         loaded.update(payload)
+        if args.init_from and where["path"] is not None:
+            log(f"--init-from {args.init_from} not used: resuming from {where['path']}")
+        elif args.init_from:
+            loaded["init"] = init_plan(Path(args.init_from), cfg, args.target_model)
+            where["init_from"] = args.init_from
         return where
 
     where = shared_plan(cluster, plan)
     if where["path"] is None:
+        if where.get("init_from"):
+            initial = loaded.get("init") or read_folder(Path(where["init_from"]))
+            trainer.drafter.load_state_dict(initial.state)
+            if lead:
+                log(f"initialised the drafter from {where['init_from']}")
         return 0
     path = Path(where["path"])
     payload = loaded or torch.load(path, map_location="cpu", weights_only=True)
@@ -246,6 +163,7 @@ def save_checkpoint(
         "run_id": args.run_id,
         "release": release_name(),
         "code_tree_sha256": code_tree_sha256(),
+        "training_data": training_data(args),
     }
     path = checkpoint.save(folder, trainer.step, {**trainer.state_dict(), **extra})
     checkpoint.prune(folder, args.keep_checkpoints)
@@ -277,6 +195,12 @@ class Throughput:
     def last_step_s(self) -> float:
         return self.steps[-1][0]
 
+    @property
+    def window(self) -> dict[str, int | None]:
+        """status.json's `throughput_window`: the steps the figure covers and the window size;
+        fewer steps than the size is an early figure (verify.yml does not judge it)."""
+        return {"steps": len(self.steps), "size": self.steps.maxlen}
+
 
 def train(args: argparse.Namespace, cluster: Cluster, status: StatusFile, stop: StopRequest) -> int:
     """A drafter rank (the only rank of a one-process run)."""
@@ -285,7 +209,8 @@ def train(args: argparse.Namespace, cluster: Cluster, status: StatusFile, stop: 
     trainer, cfg = build_trainer(args, cluster, rank_log(cluster))
     folder = Path(args.checkpoint_dir)
     saved_step = resume(trainer, cfg, cluster, args, status)
-    throughput, stages = Throughput(), StageWindow()
+    throughput = Throughput(args.throughput_window)
+    stages = StageWindow(args.throughput_window)
     while True:
         done = cluster.agree_to_stop(stop.event.is_set() or trainer.step >= args.max_steps)
         trainer.source.credit(not done)
@@ -301,7 +226,11 @@ def train(args: argparse.Namespace, cluster: Cluster, status: StatusFile, stop: 
             continue
         means = stages.means()
         status.update(
-            step=result.step, loss=loss, tokens_per_s=round(tokens_per_s, 1), stages=means
+            step=result.step,
+            loss=loss,
+            tokens_per_s=round(tokens_per_s, 1),
+            throughput_window=throughput.window,
+            stages=means,
         )
         if status.snapshot()["state"] != "running":
             status.write(state="running")  # only now: a real optimizer step is done
@@ -368,7 +297,7 @@ class StopRequest:
 
 def main(argv: list[str] | None = None) -> int:
     code_tree_sha256()  # hash the code first: that is the code this process holds
-    args = build_parser().parse_args(argv)
+    args = train_parser().parse_args(argv)
     rank, world_size = torchrun_rank()
     # Until the layout names the lead, rank 0 reports (a bad flag fails every rank alike).
     status = StatusFile(

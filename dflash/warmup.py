@@ -21,15 +21,8 @@ from typing import Any
 import torch
 
 from dflash.errors import ConfigError
-from dflash.options import (
-    add_drafter_args,
-    add_shape_args,
-    build_drafter,
-    drafter_config,
-    fixed_rows,
-    gamma,
-    positive_int,
-)
+from dflash.flags import add_drafter_args, add_shape_args, positive_int
+from dflash.options import build_drafter, drafter_config, fixed_rows, gamma
 from dflash.pipeline import FeatureBatch
 from dflash.step import DrafterStep
 from dflash.target import load_target_config

@@ -10,7 +10,9 @@ from typing import Any
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
 )
-from dflash_layout import LayoutError, gpu_layout, trainer_env, trainer_flags
+from dflash_deploy_lock import describe, holder_alive
+from dflash_layout import LayoutError, env_warnings, gpu_layout, trainer_env, trainer_flags
+from dflash_lines import last_deployment
 from dflash_lock import lock_id, lock_problems
 from dflash_release import release_id_problem
 
@@ -19,8 +21,49 @@ def finding(kind: str, expected: Any, found: Any, hint: str, **extra: Any) -> di
     return {"kind": kind, "expected": expected, "found": found, "hint": hint, **extra}
 
 
-def release_findings(facts: dict) -> list[dict]:
+def lock_findings(facts: dict, stale_after: float) -> list[dict]:
+    """A deploy, rollback or stop that holds the lock now, or one that was interrupted."""
+    lock = facts.get("deploy_lock")
+    if not lock:
+        return []
+    holder = lock.get("holder") or {}
+    dead = False in (lock.get("holder_alive"), holder_alive(holder))
+    age = lock.get("age_s")
+    if dead or (age is not None and age > stale_after):
+        return [
+            finding(
+                "release",
+                "no interrupted run",
+                f"{describe(lock)} was interrupted",
+                f"run {lock.get('action') or 'deploy'}.yml again: it takes the lock over and "
+                "finishes or replaces what that run left",
+                state="interrupted",
+            )
+        ]
+    return [
+        finding(
+            "release",
+            "no run in progress",
+            f"{describe(lock)} is in progress",
+            "verify again once it has ended",
+            state="in_progress",
+        )
+    ]
+
+
+def release_findings(facts: dict, stale_after: float = 1800) -> list[dict]:
     current = facts.get("current") or {}
+    locked = lock_findings(facts, stale_after)
+    if current.get("not_a_link"):
+        return [
+            *locked,
+            finding(
+                "release",
+                "current -> a release",
+                f"{facts.get('root')}/current is a folder or file, not a link",
+                "deploy.yml moves it aside (kept) and puts the link back",
+            ),
+        ]
     if not facts.get("root_exists"):
         return [
             finding(
@@ -40,8 +83,11 @@ def release_findings(facts: dict) -> list[dict]:
             )
         ]
     if not current.get("release"):
-        return [finding("release", "a current release", "no current link", "run deploy.yml")]
-    found: list[dict] = []
+        return [
+            *locked,
+            finding("release", "a current release", "no current link", "run deploy.yml"),
+        ]
+    found: list[dict] = list(locked)
     release = current["release"]
     manifest = current.get("manifest") or {}
     if not current.get("manifest_consistent", True):
@@ -64,11 +110,13 @@ def release_findings(facts: dict) -> list[dict]:
                 f"release {release} differs from what history recorded; redeploy it",
             )
         )
-    if facts.get("history") and facts["history"][-1].get("release") != release:
+    last = last_deployment(facts.get("history") or [])
+    # An interrupted run (named above) explains a current that history does not know yet.
+    if last and last.get("release") != release and not locked:
         found.append(
             finding(
                 "release",
-                facts["history"][-1].get("release"),
+                last.get("release"),
                 release,
                 "current was switched outside deploy.yml/rollback.yml; redeploy or "
                 "roll back to record it",
@@ -238,10 +286,12 @@ def setup_findings(facts: dict) -> list[dict]:
     return out
 
 
-def dflash_findings(facts: dict, heartbeat_max_age: float = 60) -> list[dict]:
+def dflash_findings(
+    facts: dict, heartbeat_max_age: float = 60, lock_stale_after: float = 1800
+) -> list[dict]:
     """Every drift in one target's facts document; an empty list means the target is clean."""
     return (
-        release_findings(facts)
+        release_findings(facts, lock_stale_after)
         + code_findings(facts)
         + trainer_findings(facts, heartbeat_max_age)
         + setup_findings(facts)
@@ -254,7 +304,8 @@ def dflash_report_lines(findings: list[dict]) -> list[str]:
         return ["OK: no drift"]
     lines = [f"{'KIND':<18} {'WHAT':<34} {'EXPECTED':<32} FOUND"]
     for item in findings:
-        what = str(item.get("path") or item.get("package") or item.get("pid") or "")
+        gpu = f"GPU {item['gpu']}" if item.get("gpu") is not None else ""
+        what = str(item.get("path") or item.get("package") or item.get("pid") or gpu)
         lines.append(f"{item['kind']:<18} {what:<34} {item['expected']!s:<32} {item['found']}")
         lines.append(f"{'':<18} fix: {item['hint']}")
     return lines
@@ -263,7 +314,7 @@ def dflash_report_lines(findings: list[dict]) -> list[str]:
 def dflash_run_spec(data: dict) -> dict:
     """What run.sh will say, validated: GPU layout, trainer flags (one [flag, value?] group
     per line of run.sh) and environment; `problems` lists every bad input, each naming the
-    value and the fix."""
+    value and the fix, `warnings` what is allowed but changes what runs."""
     spec: dict = {"problems": []}
     checks = {
         "layout": lambda: gpu_layout(
@@ -278,6 +329,7 @@ def dflash_run_spec(data: dict) -> dict:
             spec[key] = check()
         except LayoutError as err:
             spec["problems"].append(str(err))
+    spec["warnings"] = env_warnings(spec.get("env") or {})
     return spec
 
 

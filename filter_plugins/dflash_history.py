@@ -1,7 +1,16 @@
-# Controller-side filters: the readable tables of history.yml and diff.yml.
+# Controller-side filters: the readable tables of history.yml and diff.yml, where a failed
+# launch goes back to, and what the deploy's throughput gate compares with.
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
+
+# The comparison rules live with the modules' shared code; filters run on the controller.
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
+)
+from dflash_throughput import gate_baseline
 
 
 def _short(value: Any, width: int = 12) -> str:
@@ -92,13 +101,23 @@ def restore_target(
 ) -> dict:
     """What a failed launch goes back to: the newest healthy deployment whose release is still
     on the target and that is not the very thing that failed (same release and run.sh); else
-    what was current, as its newest good line recorded it; else {} (nothing to go back to)."""
+    what was current, as its newest good line recorded it; else {} (nothing to go back to).
+    When what failed is exactly what was current, nothing is: an older deployment is not
+    swapped in for a failure that no change made (rollback.yml does that when asked)."""
 
     def tried(entry: dict) -> bool:
         return (entry.get("release"), entry.get("run_sh_sha256")) == (
             failed_release,
             failed_run_sh_sha256,
         )
+
+    now = next(
+        (e for e in reversed(history)
+         if e.get("release") == current and e.get("result") in ("healthy", "deployed")),
+        None,
+    )  # fmt: skip
+    if now is not None and tried(now):
+        return {}
 
     for entry in reversed(history):
         healthy = entry.get("result") == "healthy" and entry.get("release") in releases
@@ -119,4 +138,5 @@ class FilterModule:
             "dflash_history_lines": history_lines,
             "dflash_diff_lines": diff_lines,
             "dflash_restore_target": restore_target,
+            "dflash_gate_baseline": gate_baseline,
         }

@@ -9,7 +9,11 @@ short_description: Switch C(current) to a release atomically
 description:
   - Points C(current) at C(releases/<release>) through a temp link and a rename, so C(current)
     is never missing nor dangling. When the release is already current nothing changes.
-  - The deployment is recorded afterwards by M(dflash_record), once its health is known.
+  - A C(current) that is not a symlink (a folder or file copied over it by hand) is moved aside
+    to C(current.replaced-<time>), kept and named in the result, then replaced by the link.
+    Temp links of killed earlier runs are removed.
+  - The deployment is recorded afterwards by M(dflash_launch) or M(dflash_record), once its
+    health is known.
 options:
   root:
     description: State root on the target.
@@ -19,6 +23,15 @@ options:
     description: Release id to make current.
     type: str
     required: true
+  token:
+    description: The deploy lock's token of this run (M(dflash_deploy_lock)); without it the
+      module takes the lock for its own change.
+    type: str
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
 author: dflash-deploy
 """
 
@@ -38,15 +51,22 @@ switched:
   description: Whether C(current) was switched.
   type: bool
   returned: success
+moved_aside:
+  description: Where a C(current) that was no symlink was moved (kept, not deleted).
+  type: str
+  returned: when current was not a symlink
 """
 
 import os
+import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_deploy_lock import LockError, held
 from ansible.module_utils.dflash_state import (
+    CURRENT,
+    TMP_PREFIX,
     StateError,
     current_release,
-    deploy_lock,
     list_releases,
     read_manifest,
     release_dir,
@@ -54,15 +74,26 @@ from ansible.module_utils.dflash_state import (
 )
 
 
+def stale_links(root: str) -> list[str]:
+    return sorted(
+        os.path.join(root, name)
+        for name in os.listdir(root)
+        if name.startswith(f"{TMP_PREFIX}current-") and os.path.islink(os.path.join(root, name))
+    )
+
+
 def run(module: AnsibleModule) -> dict:
     root, release = module.params["root"], module.params["release"]
+    path = os.path.join(root, CURRENT)
+    blocked = os.path.lexists(path) and not os.path.islink(path)
     previous, _link = current_release(root)
-    switching = previous != release
+    switching = blocked or previous != release
+    before = "current is not a link (moved aside)" if blocked else f"current -> {previous}"
     result = {
         "changed": switching,
         "previous": previous,
         "switched": switching,
-        "diff": {"before": f"current -> {previous}\n", "after": f"current -> {release}\n"},
+        "diff": {"before": f"{before}\n", "after": f"current -> {release}\n"},
     }
     if module.check_mode or not switching:
         # In check mode the release may not be unpacked yet: it would have been by now.
@@ -72,7 +103,18 @@ def run(module: AnsibleModule) -> dict:
             f"release {release} is not unpacked under {root}/releases; deploy it first "
             f"(available: {', '.join(list_releases(root)) or 'none'})"
         )
-    with deploy_lock(root):
+    with held(root, module.params["token"], "deploy", "activate"):
+        for link in stale_links(root):
+            os.unlink(link)
+        if blocked:
+            # Whatever a hand put there is kept, under a name that says what it was.
+            aside = f"{path}.replaced-{time.strftime('%Y%m%dT%H%M%S')}"
+            os.rename(path, aside)
+            result["moved_aside"] = aside
+            module.warn(
+                f"{path} was a {'folder' if os.path.isdir(aside) else 'file'}, not the link to a "
+                f"release; it was moved to {aside} (kept) and replaced by the link"
+            )
         switch_current(root, release)
     return result
 
@@ -82,6 +124,7 @@ def main() -> None:
         argument_spec={
             "root": {"type": "path", "required": True},
             "release": {"type": "str", "required": True},
+            "token": {"type": "str", "no_log": False},
         },
         supports_check_mode=True,
     )
@@ -89,7 +132,7 @@ def main() -> None:
         module.fail_json(msg=f"state root {module.params['root']} does not exist; deploy first")
     try:
         module.exit_json(**run(module))
-    except StateError as err:
+    except (StateError, LockError) as err:
         module.fail_json(msg=str(err))
 
 

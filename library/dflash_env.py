@@ -15,6 +15,9 @@ description:
     env; an env is never re-installed for another lock. An env of this lock whose packages were
     changed by hand is rebuilt, and the drift is returned.
   - The env is marked complete only at the end, so a killed build is rebuilt next time.
+  - A lock whose source is an existing interpreter (C(source.python)) adopts it. Nothing is
+    installed into it; it must hold every pin (and torch its CUDA build), else the module fails
+    naming each difference. C(envs/<lock-id>/) then only records the adoption.
   - In check mode nothing is created; the result says whether the env would be built and, with
     C(--diff), shows the pins of the env the current deployment uses (or the drifted env as
     installed) against the pins of the lock.
@@ -31,6 +34,16 @@ options:
     description: Seconds the install may take.
     type: int
     default: 1800
+  token:
+    description:
+      - The deploy lock's token of this run (M(dflash_deploy_lock)). A build ends, and its pip
+        with it, when this run loses the lock or its ansible-playbook process dies.
+    type: str
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
 author: dflash-deploy
 """
 
@@ -76,93 +89,35 @@ diff:
   returned: when changed
 """
 
-import glob
 import json
 import os
-import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_deploy_lock import LockError, Watchdog, fence
+from ansible.module_utils.dflash_envcheck import (
+    EnvError,
+    check_adopted,
+    check_runtime,
+    check_wheelhouse,
+    find_python,
+)
+from ansible.module_utils.dflash_guarded import CommandError, run_checked
 from ansible.module_utils.dflash_lock import (
+    adopts,
     installed_versions,
     lock_id,
     lock_problems,
     normalize,
     pinned,
     version_drift,
-    wheel_name_version,
 )
-from ansible.module_utils.dflash_release import sha256_file
 from ansible.module_utils.dflash_state import current_release, deployment_index, read_history
 
 MARKER = ".dflash-env.json"
-# Oldest driver that runs a CUDA major version (minor version compatibility).
-MIN_DRIVER = {"11": (450, 80), "12": (525, 60), "13": (580, 65)}
-
-
-class EnvError(Exception):
-    pass
-
-
-def find_python(wanted: str) -> str:
-    """An interpreter of the locked version: 3.11 matches any 3.11.x, 3.11.2 only itself."""
-    major_minor = ".".join(wanted.split(".")[:2])
-    seen = []
-    for candidate in (f"python{major_minor}", "python3"):
-        path = shutil.which(candidate)
-        if not path:
-            continue
-        proc = subprocess.run(
-            [path, "-c", "import platform; print(platform.python_version())"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        version = proc.stdout.strip()
-        seen.append(f"{path} ({version or 'broken'})")
-        if version == wanted or (version.startswith(major_minor + ".") and wanted == major_minor):
-            return path
-    raise EnvError(
-        f"the lock wants Python {wanted}, but the target has {', '.join(seen) or 'no python3'}; "
-        f"install python{major_minor} in the container or lock the Python it has"
-    )
-
-
-def wheelhouse_files(folder: str) -> dict[tuple[str, str], str]:
-    if not os.path.isdir(folder):
-        raise EnvError(
-            f"the lock's wheelhouse {folder} is not a folder on the target; mount it into the "
-            "container (Proxmox mpN) or fix dflash_lock.source.wheelhouse"
-        )
-    found = {}
-    for path in glob.glob(os.path.join(folder, "*.whl")):
-        parsed = wheel_name_version(os.path.basename(path))
-        if parsed:
-            found[parsed] = path
-    return found
-
-
-def check_wheelhouse(lock: dict, folder: str) -> dict[tuple[str, str], str]:
-    """Every pinned wheel is there, with the locked hash where one is given."""
-    files = wheelhouse_files(folder)
-    hashes = {normalize(k): v for k, v in (lock.get("sha256") or {}).items()}
-    for name, version in sorted(pinned(lock).items()):
-        path = files.get((name, version))
-        if path is None:
-            have = sorted(v for (n, v) in files if n == name)
-            raise EnvError(
-                f"the lock pins {name}=={version} but the wheelhouse {folder} has "
-                f"{'versions ' + ', '.join(have) if have else 'no ' + name + ' wheel'}; add that "
-                "wheel (ansible-playbook playbooks/wheelhouse.yml) or fix the lock"
-            )
-        if name in hashes and sha256_file(path) != hashes[name]:
-            raise EnvError(
-                f"{os.path.basename(path)} in {folder} has sha256 {sha256_file(path)}, the lock "
-                f"says {hashes[name]}; replace the wheel or fix dflash_lock.sha256.{name}"
-            )
-    return files
 
 
 def pip_command(lock: dict, env_python: str, files: dict) -> list[str]:
@@ -217,68 +172,14 @@ def requirements_file(lock: dict) -> str:
     return handle.name
 
 
-def run_checked(cmd: list[str], timeout: int, what: str, env: dict | None = None) -> str:
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env
-        )
-    except subprocess.TimeoutExpired as err:
-        raise EnvError(f"{what} took longer than {timeout} s; raise pip_timeout") from err
-    if proc.returncode != 0:
-        raise EnvError(
-            f"{what} failed (exit {proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}"
-        )
-    return proc.stdout
-
-
-def driver_version() -> str | None:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
-    proc = subprocess.run(
-        [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    lines = proc.stdout.split()
-    return lines[0] if proc.returncode == 0 and lines else None
-
-
-def check_runtime(lock: dict, env_python: str) -> dict:
-    if not lock.get("torch"):
-        return {"torch": None, "cuda": None, "driver": driver_version()}
-    out = run_checked(
-        [
-            env_python,
-            "-c",
-            "import json, torch; print(json.dumps([torch.__version__, torch.version.cuda]))",
-        ],
-        300,
-        "importing torch in the new env",
-    )
-    torch_version, cuda = json.loads(out.strip().splitlines()[-1])
-    if torch_version != str(lock["torch"]):
-        raise EnvError(f"torch.__version__ is {torch_version}, the lock says {lock['torch']}")
-    if "cuda" in lock and (lock["cuda"] or None) != cuda:
-        raise EnvError(f"torch.version.cuda is {cuda}, the lock says {lock['cuda']}")
-    driver = driver_version()
-    if cuda and driver:
-        need = MIN_DRIVER.get(cuda.split(".")[0])
-        have = tuple(int(x) for x in re.findall(r"\d+", driver)[:2])
-        if need and have < need:
-            raise EnvError(
-                f"the NVIDIA driver {driver} is older than CUDA {cuda} needs "
-                f"({need[0]}.{need[1]} or newer); upgrade the node's driver or lock a torch "
-                "built for an older CUDA"
-            )
-    return {"torch": torch_version, "cuda": cuda, "driver": driver}
-
-
-def build(lock: dict, env_dir: str, python: str, files: dict, timeout: int) -> dict:
+def build(
+    lock: dict, env_dir: str, python: str, files: dict, timeout: int, check: Callable[[], None]
+) -> dict:
     if os.path.exists(env_dir):
         shutil.rmtree(env_dir)
-    run_checked([python, "-m", "venv", "--without-pip", env_dir], 300, "creating the venv")
+    run_checked(
+        [python, "-m", "venv", "--without-pip", env_dir], 300, "creating the venv", check=check
+    )
     env_python = os.path.join(env_dir, "bin", "python")
     reqs = requirements_file(lock)
     try:
@@ -289,6 +190,8 @@ def build(lock: dict, env_dir: str, python: str, files: dict, timeout: int) -> d
             timeout,
             "pip install of the locked wheels",
             env=pip_env,
+            check=check,
+            timeout_name="pip_timeout",
         )
     finally:
         os.unlink(reqs)
@@ -374,6 +277,26 @@ def explain(root: str, lock: dict, lid: str, env_dir: str, drift: list[dict], ch
     }
 
 
+def adopt(lock: dict, env_dir: str, check_mode: bool) -> dict:
+    """An existing interpreter as the env: checked against the pins (preflight did it before
+    any change, this proves it again), recorded in envs/<lock-id>/, never installed into."""
+    python = str(adopts(lock))
+    versions = check_adopted(lock)
+    marker = os.path.join(env_dir, MARKER)
+    result = {
+        "python": python,
+        "versions": versions,
+        "changed": not os.path.isfile(marker),
+        "msg": f"{python} holds every pin of the lock (adopted as it is, never changed)",
+    }
+    if result["changed"] and not check_mode:
+        os.makedirs(env_dir, exist_ok=True)
+        with open(marker, "w", encoding="utf-8") as handle:
+            json.dump({"lock_id": lock_id(lock), "lock": lock, "adopted": python,
+                       "versions": versions}, handle, indent=2)  # fmt: skip
+    return result
+
+
 def run(module: AnsibleModule) -> dict:
     lock, root = module.params["lock"], module.params["root"]
     problems = lock_problems(lock)
@@ -389,6 +312,9 @@ def run(module: AnsibleModule) -> dict:
         "drift": [],
         "msg": f"envs/{lid} holds exactly the locked wheels",
     }
+    if adopts(lock):
+        result.update(adopt(lock, env_dir, module.check_mode))
+        return result
     python = find_python(str(lock["python"]))
     source = lock["source"]
     files = check_wheelhouse(lock, source["wheelhouse"]) if source.get("wheelhouse") else {}
@@ -401,7 +327,14 @@ def run(module: AnsibleModule) -> dict:
     if module.check_mode:
         return result
     os.makedirs(os.path.dirname(env_dir), exist_ok=True)
-    result["versions"] = build(lock, env_dir, python, files, module.params["pip_timeout"])
+    token = module.params["token"]
+    if token:
+        fence(root, token, phase="environment")
+    # A build dies with the play that asked for it (the watchdog), never left as an orphan.
+    with Watchdog(root, token) as dog:
+        result["versions"] = build(
+            lock, env_dir, python, files, module.params["pip_timeout"], dog.check
+        )
     return result
 
 
@@ -411,12 +344,13 @@ def main() -> None:
             "root": {"type": "path", "required": True},
             "lock": {"type": "dict", "required": True},
             "pip_timeout": {"type": "int", "default": 1800},
+            "token": {"type": "str", "no_log": False},
         },
         supports_check_mode=True,
     )
     try:
         module.exit_json(**run(module))
-    except EnvError as err:
+    except (EnvError, CommandError, LockError) as err:
         module.fail_json(msg=str(err))
 
 

@@ -10,6 +10,9 @@ description:
   - Read-only. Returns the state root, the C(current) release and its manifest, the files of
     C(current) checked against that manifest (changed, missing, extra), the unpacked releases,
     the deployment history and the default rollback target.
+  - Also the trainers of the root with their status files, the figures their tokens/s is
+    judged against (from the whole history), and what C(nvidia-smi) shows of the GPUs and
+    their compute processes, matched to the trainers by pid namespace.
 options:
   root:
     description: State root on the target.
@@ -23,6 +26,16 @@ options:
     description: How many of the newest history entries to return.
     type: int
     default: 50
+  check_release:
+    description: A release id whose files on the target are checked against its manifest.
+    type: str
+  lock:
+    description: An environment lock whose Python and wheelhouse are checked on the target.
+    type: dict
+attributes:
+  check_mode:
+    support: full
+    description: Reads only, so a check-mode run reads the same.
 author: dflash-deploy
 """
 
@@ -73,6 +86,22 @@ gpus:
   type: list
   elements: dict
   returned: always
+gpu:
+  description:
+    - What nvidia-smi shows, for verify's C(gpu) finding; C(smi) is null without nvidia-smi.
+    - C(gpus) (index, uuid, name, bus id, memory used and total in MiB, C(lost)), C(problems)
+      (GPUs it could not reach, its own errors), C(apps) (compute processes - pid, name, MiB,
+      GPU uuid), C(job) (pid and NStgid of each trainer process), C(local) (pid, NStgid and
+      command line of each listed pid visible here) and C(in_init_pid_namespace).
+  type: dict
+  returned: always
+throughput_references:
+  description:
+    - C(health_check) (the deployment of current, as measured at its health check) and
+      C(fastest) (the fastest healthy deployment of the same layout and shape), each with
+      C(number), C(release), C(time), C(tokens_per_s), C(stages); null where there is none.
+  type: dict
+  returned: always
 run_sh:
   description: C(path), C(content) and C(sha256) of run.sh (content null when missing).
   type: dict
@@ -85,8 +114,8 @@ trainers:
   description:
     - C(record) (trainer.json) and C(processes), every trainer process of the root with pid,
       pgid, job (the pid of its topmost trainer ancestor, torchrun's for its workers), start
-      time, command line, run id, release it runs from, cache dir, its run's
-      status.json and the heartbeat age in seconds.
+      time and age in seconds, command line, run id, release it runs from, cache dir, its
+      run's status.json and the heartbeat age in seconds.
   type: dict
   returned: always
 environment:
@@ -101,16 +130,40 @@ checkpoints:
   description: C(count) and C(newest) checkpoint.
   type: dict
   returned: always
+deploy_lock:
+  description: The deploy lock of a run in progress or interrupted (null when none), with
+    C(age_s) and C(holder_alive) (null where the target cannot tell).
+  type: dict
+  returned: always
+root_writable:
+  description: C(ok), C(folder) probed and C(error), from creating a file there.
+  type: dict
+  returned: always
+release_check:
+  description: C(present) and C(drift) (changed, missing, extra) of I(check_release).
+  type: dict
+  returned: when check_release is given
+lock_problems:
+  description: Why I(lock) cannot be built on this target (its Python, missing wheels).
+  type: list
+  elements: str
+  returned: when lock is given
 """
 
 import os
-import shutil
-import subprocess
 import time
 from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_lock import installed_versions, version_drift
+from ansible.module_utils.dflash_checks import environment_check, release_check, writable
+from ansible.module_utils.dflash_deploy_lock import read_lock
+from ansible.module_utils.dflash_gpu import probe
+from ansible.module_utils.dflash_lock import (
+    adopts,
+    installed_versions,
+    interpreter_versions,
+    version_drift,
+)
 from ansible.module_utils.dflash_procs import find_trainers
 from ansible.module_utils.dflash_release import file_drift, tree_sha256
 from ansible.module_utils.dflash_state import (
@@ -125,24 +178,7 @@ from ansible.module_utils.dflash_state import (
     release_manifests,
     stale_temp_dirs,
 )
-
-
-def gpus() -> list[dict] | None:
-    """The GPUs this container sees (nvidia-smi), or None where there is no nvidia-smi."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
-    proc = subprocess.run(
-        [smi, "--query-gpu=index,name,uuid,driver_version", "--format=csv,noheader"],
-        capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
-    found = []
-    for line in proc.stdout.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 4 and parts[0].isdigit():
-            found.append({"index": int(parts[0]), "name": parts[1], "uuid": parts[2],
-                          "driver": parts[3]})  # fmt: skip
-    return found
+from ansible.module_utils.dflash_throughput import throughput_references
 
 
 def age_seconds(stamp: str | None) -> float | None:
@@ -179,6 +215,7 @@ def trainers(root: str) -> dict:
             "release": cwd[len(releases):].split(os.sep)[0] if cwd.startswith(releases) else None,
             "started_at": datetime.fromtimestamp(booted + proc["start_ticks"] / ticks,
                                                  tz=timezone.utc).isoformat(timespec="seconds"),
+            "age_s": round(time.time() - booted - proc["start_ticks"] / ticks, 1),
             "status": status,
             "heartbeat_age_s": age_seconds((status or {}).get("updated_at")),
         })  # fmt: skip
@@ -192,11 +229,15 @@ def environment(root: str, lock_id: str | None) -> dict | None:
     env_dir = os.path.join(root, "envs", lock_id)
     marker = read_json(os.path.join(env_dir, ".dflash-env.json"))
     lock = (marker or {}).get("lock")
+    # An adopted interpreter (source.python) is read where it is, not under envs/.
+    python = adopts(lock) if lock else None
+    installed = (interpreter_versions(python) or {}) if python else installed_versions(env_dir)
     return {
         "lock_id": lock_id,
         "path": env_dir,
+        "adopted": python,
         "exists": marker is not None,
-        "drift": version_drift(lock, installed_versions(env_dir)) if lock else [],
+        "drift": version_drift(lock, installed) if lock else [],
     }
 
 
@@ -220,6 +261,7 @@ def checkpoints(root: str) -> dict:
 
 
 def gather(root: str, checksums: bool, history_limit: int) -> dict:
+    """The state of the root; the preflight questions are added by main()."""
     release, link = current_release(root)
     manifests = release_manifests(root)
     available = list(manifests)
@@ -232,6 +274,9 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
             "release": release,
             "link": link,
             "dangling": link is not None and release is None,
+            # A folder or file copied over the link by hand.
+            "not_a_link": os.path.lexists(os.path.join(root, CURRENT))
+            and not os.path.islink(os.path.join(root, CURRENT)),
             "manifest": None,
         },
         "releases": available,
@@ -239,8 +284,9 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
         "history": history[-history_limit:] if history_limit > 0 else [],
         "previous_deployment": previous_deployment(history, release, available),
         "stale_temp": stale_temp_dirs(root),
-        "gpus": gpus(),
         "run_sh": read_run_script(root),
+        "deploy_lock": read_lock(root),
+        "root_writable": writable(root),
     }
     if release:
         folder = os.path.join(root, RELEASES, release)
@@ -258,7 +304,16 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
     facts["deployment"] = (
         {k: v for k, v in deployment.items() if k != "run_sh_text"} if deployment else None
     )
+    # The figures a running trainer's tokens/s is judged against, over the whole history.
+    facts["throughput_references"] = throughput_references(history, index)
     facts["trainers"] = trainers(root)
+    facts["gpu"] = probe([proc["pid"] for proc in facts["trainers"]["processes"]])
+    facts["gpus"] = (
+        None
+        if facts["gpu"]["smi"] is None
+        else [{key: gpu[key] for key in ("index", "name", "uuid", "driver")}
+              for gpu in facts["gpu"]["gpus"]]
+    )  # fmt: skip
     facts["environment"] = environment(root, (deployment or {}).get("lock_id"))
     facts["cache"] = cache(root, ((deployment or {}).get("run_sh") or {}).get("cache_dir"))
     facts["checkpoints"] = checkpoints(root)
@@ -271,13 +326,18 @@ def main() -> None:
             "root": {"type": "path", "required": True},
             "checksums": {"type": "bool", "default": True},
             "history_limit": {"type": "int", "default": 50},
+            "check_release": {"type": "str"},
+            "lock": {"type": "dict"},
         },
         supports_check_mode=True,
     )
     params = module.params
-    module.exit_json(
-        changed=False, **gather(params["root"], params["checksums"], params["history_limit"])
-    )
+    facts = gather(params["root"], params["checksums"], params["history_limit"])
+    if params["check_release"]:
+        facts["release_check"] = release_check(params["root"], params["check_release"])
+    if params["lock"] is not None:
+        facts["lock_problems"] = environment_check(params["lock"])
+    module.exit_json(changed=False, **facts)
 
 
 if __name__ == "__main__":

@@ -22,12 +22,17 @@ options:
       - The older side of the diff. C(current) (the deployment that made current current),
         C(previous) (the newest healthy or staged one before it that ran other code, env or
         run.sh),
-        C(fastest) (the healthy one with the most tokens/s), C(last) (the newest line,
-        whatever its result), a number as listed, or a release id (its newest deployment).
+        C(fastest) (the healthy one with the most tokens/s), C(last) (the newest deploy or
+        rollback line, whatever its result), a number as listed, or a release id (its newest
+        deployment). Export lines are listed but never a side of a diff.
     type: str
   diff_to:
     description: The newer side of the diff, with the same selectors.
     type: str
+attributes:
+  check_mode:
+    support: full
+    details: Reads only; runs the same in check mode.
 author: dflash-deploy
 """
 

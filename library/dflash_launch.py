@@ -17,11 +17,19 @@ description:
     C(runs/latest) at it, and waits up to I(health_timeout) for C(status.json) to say
     C(running) with step >= I(health_steps) and the code tree hash of C(current); else fails
     with the log tail.
-  - Throughput gate: then fails when the trainer's tokens/s is under I(min_tokens_per_s), or
-    under I(min_throughput_ratio) times I(baseline_tokens_per_s) (the previous healthy
-    deployment's); the failure stops the new trainer and names both numbers.
-  - Idempotent: when the one running trainer already runs the current tree with the current
-    run.sh (which names the env and the cache), nothing is restarted unless I(restart).
+  - "Throughput gate: then fails when the trainer's tokens/s is under I(min_tokens_per_s), or
+    under I(min_throughput_ratio) times I(baseline_tokens_per_s); the failure stops the new
+    trainer and names both numbers."
+  - With I(record), writes the healthy trainer's line to C(history.jsonl) itself, at once, so
+    a run killed after this point loses nothing.
+  - Idempotent. When the one running trainer already runs the current tree with the current
+    run.sh (which names the env and the cache) nothing is restarted unless I(restart). A
+    stopped (SIGSTOP) trainer is restarted. A matching trainer that history does not know (an
+    interrupted run started it) is adopted, meaning its health is checked and it is recorded.
+  - Stopping sends SIGCONT first (a stopped trainer cannot act on SIGTERM), and says how many
+    steps past its last checkpoint a trainer killed after the timeout lost.
+  - Long waits end when this run's deploy lock is lost (taken over, or its ansible-playbook
+    process died where the target can see it), so they never outlive the play.
 options:
   root:
     description: State root on the target.
@@ -56,17 +64,38 @@ options:
     type: float
     default: 0
   baseline_tokens_per_s:
-    description: tokens/s that the previous healthy deployment measured at its health check.
+    description: The baseline tokens/s (in deploy.yml the median of the newest comparable
+      healthy deployments).
     type: float
   baseline_name:
     description: How the failure message names the baseline (its release and time).
     type: str
-    default: the previous healthy deployment
+    default: the baseline
   state:
     description: C(started) launches; C(stopped) only stops every trainer of the root.
     type: str
     choices: [started, stopped]
     default: started
+  record:
+    description:
+      - What the deployment is made of (lock, lock_id, run_sh values, controller); given, the
+        healthy trainer's C(history.jsonl) line is written here.
+    type: dict
+  action:
+    description: The action the history line is written as.
+    type: str
+    choices: [deploy, rollback]
+    default: deploy
+  previous:
+    description: The release current before this run, for the history line.
+    type: str
+  token:
+    description: The deploy lock's token of this run (M(dflash_deploy_lock)).
+    type: str
+attributes:
+  check_mode:
+    support: full
+    details: Reports whether the trainer would be (re)started and why; starts and stops nothing.
 author: dflash-deploy
 """
 
@@ -91,9 +120,22 @@ checksums:
   type: dict
   returned: always
 stopped:
-  description: C(terminated), C(killed) and C(survivors) pids of the old trainers.
+  description: C(terminated), C(killed) and C(survivors) pids of the old trainers, and
+    C(lost_steps) (steps past the last checkpoint of each killed one).
   type: dict
   returned: always
+msg:
+  description: What happened, in a sentence (what was stopped, started, adopted or kept).
+  type: str
+  returned: always
+adopted:
+  description: Whether a running trainer of an interrupted run was health-checked and recorded.
+  type: bool
+  returned: when started
+recorded:
+  description: Whether this call wrote the history line.
+  type: bool
+  returned: when started
 status:
   description: The trainer's status.json at the health check.
   type: dict
@@ -108,16 +150,28 @@ import contextlib
 import json
 import os
 import subprocess
-import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_procs import ROOT_MARKER, alive, find_trainers, jobs, stop_all
+from ansible.module_utils.dflash_deploy_lock import LockError, Watchdog, fence
+from ansible.module_utils.dflash_health import LaunchError, throughput_problem, wait_healthy
+from ansible.module_utils.dflash_procs import (
+    ROOT_MARKER,
+    alive,
+    find_trainers,
+    jobs,
+    stop_all,
+    stop_summary,
+    stopped,
+)
+from ansible.module_utils.dflash_record import history_entry, record_once
 from ansible.module_utils.dflash_release import file_drift
 from ansible.module_utils.dflash_state import (
+    GOOD_RESULTS,
     RELEASES,
     TMP_PREFIX,
     current_release,
+    read_history,
     read_json,
     read_manifest,
     read_run_script,
@@ -125,32 +179,19 @@ from ansible.module_utils.dflash_state import (
 
 TRAINER_FILE = "trainer.json"
 RUNS = "runs"
-LOG_TAIL_LINES = 40
 
 
-class LaunchError(Exception):
-    """A failed launch; `details` (run id, status, tokens/s) go back with the message."""
-
-    def __init__(self, message: str, **details: object) -> None:
-        super().__init__(message)
-        self.details = details
-
-
-def log_tail(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return "".join(handle.readlines()[-LOG_TAIL_LINES:])
-    except OSError:
-        return "(no log)"
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def running_matches(
     root: str, trainers: list[dict], tree: str, run_sh_sha: str | None
 ) -> dict | None:
     """The status of the one running trainer when it already runs what is deployed (one job:
-    torchrun's workers belong to the process run.sh became)."""
+    torchrun's workers belong to the process run.sh became) and is not stopped."""
     record = read_json(os.path.join(root, TRAINER_FILE))
-    if not record or jobs(trainers) != [record.get("pid")]:
+    if not record or jobs(trainers) != [record.get("pid")] or stopped(trainers):
         return None
     status = read_json(os.path.join(root, RUNS, record["run_id"], "status.json")) or {}
     if (
@@ -170,7 +211,7 @@ def write_json_atomic(path: str, data: dict) -> None:
 
 
 def new_run_id(release: str) -> str:
-    return f"{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}-{release}"
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S%fZ}-{release}"
 
 
 def point_latest(root: str, run_id: str) -> None:
@@ -202,64 +243,92 @@ def start(root: str, release: str, run_sh: str) -> tuple[subprocess.Popen, str, 
     return proc, run_id, log_path
 
 
-def wait_healthy(proc: subprocess.Popen, status_path: str, log_path: str, tree: str,
-                 timeout: int, steps: int) -> dict:  # fmt: skip
-    deadline = time.monotonic() + timeout
-    status: dict = {}
-    while time.monotonic() < deadline:
-        status = read_json(status_path) or status
-        if status.get("state") == "failed" or proc.poll() is not None:
-            raise LaunchError(
-                f"the trainer exited at start (exit {proc.poll()}, state {status.get('state')}); "
-                f"last lines of {log_path}:\n{log_tail(log_path)}"
-            )
-        # Steps of this run: a trainer that resumed a checkpoint starts from its step.
-        done = (status.get("step") or 0) - (status.get("resumed_from_step") or 0)
-        if status.get("state") == "running" and done >= steps:
-            if status.get("code_tree_sha256") != tree:
-                raise LaunchError(
-                    f"the trainer runs code tree {status.get('code_tree_sha256')}, but current "
-                    f"is {tree}: it did not import the deployed release; see {log_path}"
-                )
-            return status
-        time.sleep(0.2)
-    raise LaunchError(
-        f"fewer than {steps} training steps within {timeout} s (state "
-        f"{status.get('state') or 'none'}, step {status.get('step')}); raise health_timeout or "
-        "read the log. Last lines of "
-        f"{log_path}:\n{log_tail(log_path)}"
+def stop(module: AnsibleModule, root: str, trainers: list[dict]) -> dict:
+    """state=stopped: every trainer of the root, and a note that stop.yml did it."""
+    params = module.params
+    result: dict = {"changed": bool(trainers), "stopped": {}, "found": [t["pid"] for t in trainers]}
+    if not trainers:
+        result["msg"] = "no trainer was running"
+        return result
+    if module.check_mode:
+        result["msg"] = f"would stop the trainers {jobs(trainers)}"
+        return result
+    if params["token"]:
+        fence(root, params["token"], phase="stop")
+    result["stopped"] = stop_all(trainers, params["stop_timeout"], root)
+    record = read_json(os.path.join(root, TRAINER_FILE)) or {}
+    record.update(stopped_at=utc_now(), stopped_by="stop.yml")
+    write_json_atomic(os.path.join(root, TRAINER_FILE), record)
+    result["msg"] = stop_summary(result["stopped"])
+    return result
+
+
+def judge(params: dict, status: dict, run_id: str, log_path: str) -> float:
+    """The throughput gate on a healthy status; returns its tokens/s."""
+    tokens_per_s = float(status.get("tokens_per_s") or 0.0)
+    problem = throughput_problem(params, tokens_per_s)
+    if problem:
+        raise LaunchError(
+            f"{problem} after {status.get('step')} steps; see {log_path}",
+            run_id=run_id, status=status, tokens_per_s=tokens_per_s,
+        )  # fmt: skip
+    return tokens_per_s
+
+
+def record_healthy(root: str, params: dict, manifest: dict, release: str, status: dict,
+                   run_id: str, **extra: object) -> bool:  # fmt: skip
+    """The healthy trainer's history line, written by the step that proved it."""
+    if params["record"] is None:
+        return False
+    fields = dict(params["record"], run_id=run_id, tokens_per_s=status.get("tokens_per_s"),
+                  stages=status.get("stages"), **extra)  # fmt: skip
+    entry = history_entry(
+        root, manifest, fields, release=release, action=params["action"], result="healthy",
+        previous=params["previous"],
+    )  # fmt: skip
+    if params["token"]:
+        fence(root, params["token"], phase="record")
+    return record_once(root, entry)
+
+
+def recorded(root: str, run_id: str) -> bool:
+    return any(
+        e.get("run_id") == run_id and e.get("result") in GOOD_RESULTS for e in read_history(root)
     )
 
 
-def throughput_problem(params: dict, tokens_per_s: float) -> str | None:
-    """Why a healthy-looking trainer is still too slow to keep, or None."""
-    floor = params["min_tokens_per_s"]
-    if floor and tokens_per_s < floor:
-        return (
-            f"throughput gate: {tokens_per_s:.1f} tokens/s is under the floor of {floor:g} "
-            "(dflash_min_tokens_per_s)"
-        )
-    ratio, baseline = params["min_throughput_ratio"], params["baseline_tokens_per_s"]
-    if ratio and baseline and tokens_per_s < ratio * baseline:
-        return (
-            f"throughput gate: {tokens_per_s:.1f} tokens/s is under {ratio:g} x {baseline:.1f} "
-            f"tokens/s of {params['baseline_name']} = {ratio * baseline:.1f} "
-            "(dflash_min_throughput_ratio)"
-        )
-    return None
-
-
-def run(module: AnsibleModule) -> dict:
-    params = module.params
-    root = params["root"]
-    trainers = find_trainers(root)
-    result: dict = {"changed": False, "stopped": {}, "found": [t["pid"] for t in trainers]}
-    if params["state"] == "stopped":
-        if trainers and not module.check_mode:
-            result["stopped"] = stop_all(trainers, params["stop_timeout"])
-        result["changed"] = bool(trainers)
+def adopt(module: AnsibleModule, dog: Watchdog, match: dict, manifest: dict, release: str,
+          result: dict) -> dict:  # fmt: skip
+    """A trainer of the deployed code that history does not know: an interrupted run started
+    it. Its health is checked as the launch would have, then it is recorded."""
+    params, root = module.params, module.params["root"]
+    record = match["record"]
+    run_id = record["run_id"]
+    result.update(pid=record["pid"], run_id=run_id, changed=True, adopted=True)
+    if module.check_mode:
+        result["msg"] = f"would check and record the running trainer {record['pid']} (run {run_id})"
         return result
+    leader = next((t for t in find_trainers(root) if t["pid"] == record["pid"]), None)
+    log_path = os.path.join(root, RUNS, run_id, "train.log")
+    status = wait_healthy(
+        lambda: None if leader and alive(leader) else -1,
+        os.path.join(root, RUNS, run_id, "status.json"), log_path, manifest["tree_sha256"],
+        params["health_timeout"], params["health_steps"], dog.check,
+    )  # fmt: skip
+    tokens_per_s = judge(params, status, run_id, log_path)
+    result.update(status=status, tokens_per_s=tokens_per_s)
+    result["recorded"] = record_healthy(
+        root, params, manifest, release, status, run_id, adopted_after=record.get("started_at")
+    )
+    result["msg"] = (
+        f"adopted trainer pid {record['pid']} (run {run_id}), which an interrupted run started: "
+        f"healthy at step {status.get('step')}, {tokens_per_s:.1f} tokens/s, now recorded"
+    )
+    return result
 
+
+def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: dict) -> dict:
+    params, root = module.params, module.params["root"]
     release, _link = current_release(root)
     if release is None:
         raise LaunchError(f"{root}/current is missing or dangling; deploy first")
@@ -270,7 +339,8 @@ def run(module: AnsibleModule) -> dict:
     if any(drift.values()) and not params["force"]:
         raise LaunchError(
             f"files of release {release} differ from its manifest (changed {drift['changed']}, "
-            f"missing {drift['missing']}, extra {drift['extra']}); redeploy, or force: true"
+            f"missing {drift['missing']}, extra {drift['extra']}); deploy.yml puts the release "
+            "back from its archive"
         )
     run_sh = os.path.join(root, "run.sh")
     run_sh_sha = read_run_script(root)["sha256"]
@@ -279,53 +349,77 @@ def run(module: AnsibleModule) -> dict:
     tree = manifest["tree_sha256"]
     match = None if params["restart"] else running_matches(root, trainers, tree, run_sh_sha)
     if match:
+        record = match["record"]
         result.update(
-            pid=match["record"]["pid"],
-            run_id=match["record"]["run_id"],
-            status=match["status"],
+            pid=record["pid"], run_id=record["run_id"], status=match["status"],
             tokens_per_s=match["status"].get("tokens_per_s"),
-        )
+        )  # fmt: skip
+        if params["record"] is not None and not recorded(root, record["run_id"]):
+            return adopt(module, dog, match, manifest, release, result)
+        result["msg"] = f"already running (pid {record['pid']}), not restarted"
         return result
     result["changed"] = True
+    why = (
+        "dflash_restart is set" if params["restart"]
+        else f"trainer {stopped(trainers)} is stopped (SIGSTOP)" if stopped(trainers)
+        else "no trainer runs this release and run.sh" if trainers
+        else "no trainer runs"
+    )  # fmt: skip
     if module.check_mode:
-        result["would"] = {"stop": result["found"], "start": release}
+        result["would"] = {"stop": jobs(trainers), "start": release}
+        result["msg"] = (
+            f"would {'restart' if trainers else 'start'} the trainer of release {release} ({why})"
+        )
         return result
-    result["stopped"] = stop_all(trainers, params["stop_timeout"])
+    if params["token"]:
+        fence(root, params["token"], phase="launch", release=release)
+    result["stopped"] = stop_all(trainers, params["stop_timeout"], root)
     leftover = result["stopped"]["survivors"] + [t["pid"] for t in find_trainers(root)]
     if leftover:
         raise LaunchError(
             f"trainer processes {sorted(set(leftover))} survived SIGKILL; not starting"
         )
     proc, run_id, log_path = start(root, release, run_sh)
-    record = {
-        "pid": proc.pid,
-        "run_id": run_id,
-        "release": release,
-        "tree_sha256": tree,
-        "run_sh_sha256": run_sh_sha,
-        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-    write_json_atomic(os.path.join(root, TRAINER_FILE), record)
+    write_json_atomic(os.path.join(root, TRAINER_FILE), {
+        "pid": proc.pid, "run_id": run_id, "release": release, "tree_sha256": tree,
+        "run_sh_sha256": run_sh_sha, "started_at": utc_now(),
+    })  # fmt: skip
     result.update(pid=proc.pid, run_id=run_id)
+    if params["token"]:
+        fence(root, params["token"], phase="health check", run_id=run_id)
     status_path = os.path.join(root, RUNS, run_id, "status.json")
     try:
         status = wait_healthy(
-            proc, status_path, log_path, tree, params["health_timeout"], params["health_steps"]
-        )
-        tokens_per_s = float(status.get("tokens_per_s") or 0.0)
-        problem = throughput_problem(params, tokens_per_s)
-        if problem:
-            raise LaunchError(
-                f"{problem} after {status.get('step')} steps; see {log_path}",
-                run_id=run_id, status=status, tokens_per_s=tokens_per_s,
-            )  # fmt: skip
+            proc.poll, status_path, log_path, tree, params["health_timeout"],
+            params["health_steps"], dog.check,
+        )  # fmt: skip
+        tokens_per_s = judge(params, status, run_id, log_path)
     except LaunchError as err:
         # An unhealthy trainer must not linger and write into the run folder.
-        stop_all([t for t in find_trainers(root) if alive(t)], params["stop_timeout"])
+        stop_all([t for t in find_trainers(root) if alive(t)], params["stop_timeout"], root)
         err.details.setdefault("run_id", run_id)
         raise
     result.update(status=status, tokens_per_s=tokens_per_s)
+    result["recorded"] = record_healthy(root, params, manifest, release, status, run_id)
+    stopped_text = stop_summary(result["stopped"])
+    result["msg"] = (
+        f"started trainer pid {proc.pid} (run {run_id}, {why}): healthy at step "
+        f"{status.get('step')}, {tokens_per_s:.1f} tokens/s"
+        + (f"; old trainers: {stopped_text}" if stopped_text else "")
+    )
     return result
+
+
+def run(module: AnsibleModule) -> dict:
+    params = module.params
+    root = params["root"]
+    trainers = find_trainers(root)
+    if params["state"] == "stopped":
+        return stop(module, root, trainers)
+    result: dict = {"changed": False, "stopped": {}, "found": [t["pid"] for t in trainers],
+                    "adopted": False, "recorded": False}  # fmt: skip
+    with Watchdog(root, None if module.check_mode else params["token"]) as dog:
+        return launch(module, dog, trainers, result)
 
 
 def main() -> None:
@@ -340,8 +434,12 @@ def main() -> None:
             "min_tokens_per_s": {"type": "float", "default": 0.0},
             "min_throughput_ratio": {"type": "float", "default": 0.0},
             "baseline_tokens_per_s": {"type": "float"},
-            "baseline_name": {"type": "str", "default": "the previous healthy deployment"},
+            "baseline_name": {"type": "str", "default": "the baseline"},
             "state": {"type": "str", "choices": ["started", "stopped"], "default": "started"},
+            "record": {"type": "dict"},
+            "action": {"type": "str", "choices": ["deploy", "rollback"], "default": "deploy"},
+            "previous": {"type": "str"},
+            "token": {"type": "str", "no_log": False},
         },
         supports_check_mode=True,
     )
@@ -349,6 +447,8 @@ def main() -> None:
         module.exit_json(**run(module))
     except LaunchError as err:
         module.fail_json(msg=str(err), **err.details)
+    except LockError as err:
+        module.fail_json(msg=str(err))
 
 
 if __name__ == "__main__":

@@ -5,14 +5,20 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: dflash_record
-short_description: Record a deployment in history.jsonl and keep N releases
+short_description: Record a deployment or an export in history.jsonl and keep N releases
 description:
-  - Appends one line to C(history.jsonl) (time, action, release, tree hash, where the code came
-    from, the previous release, the result and what the caller adds: lock, run.sh, run id,
-    tokens/s, controller).
+  - "Appends one line to C(history.jsonl): time, action, release, tree hash, where the code came
+    from, the previous release, the result and what the caller adds (lock, run.sh, run id,
+    tokens/s, controller)."
+  - Idempotent. No line is written when history already says this is what is deployed (the
+    same trainer run, or the same release, tree, run.sh and env as the newest deployment
+    line); the launch writes the line of a healthy trainer itself, so a run killed after the
+    launch loses nothing.
   - Then removes releases beyond the I(keep) most recent healthy deployments, never the current
     release, the previous healthy deployment (the default rollback target) nor any in
     I(protect); and envs that no kept release's deployment used.
+  - An C(export) line (a drafter exported with the code of the current release) records no
+    run.sh and prunes nothing.
 options:
   root:
     description: State root on the target.
@@ -25,12 +31,12 @@ options:
   action:
     description: What happened.
     type: str
-    choices: [deploy, rollback]
+    choices: [deploy, rollback, export]
     default: deploy
   result:
-    description: How it ended.
+    description: How it ended (C(exported) for an export).
     type: str
-    choices: [deployed, healthy, failed, rolled_back]
+    choices: [deployed, healthy, failed, rolled_back, exported]
     required: true
   previous:
     description: Release that was current before.
@@ -52,6 +58,13 @@ options:
     type: list
     elements: str
     default: []
+  token:
+    description: The deploy lock's token of this run (M(dflash_deploy_lock)); without it the
+      module takes the lock for its own change.
+    type: str
+attributes:
+  check_mode:
+    support: full
 author: dflash-deploy
 """
 
@@ -67,8 +80,12 @@ EXAMPLES = r"""
 
 RETURN = r"""
 history_entry:
-  description: The line appended to history.jsonl.
+  description: The line appended to history.jsonl (null when history already had it).
   type: dict
+  returned: success
+recorded:
+  description: Whether a line was written.
+  type: bool
   returned: success
 pruned:
   description: Releases removed by keep-N.
@@ -84,46 +101,21 @@ pruned_envs:
 
 import os
 import shutil
-from datetime import UTC, datetime
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_release import sha256_bytes
+from ansible.module_utils.dflash_deploy_lock import LockError, held
+from ansible.module_utils.dflash_record import already_recorded, history_entry, record_once
 from ansible.module_utils.dflash_state import (
     StateError,
-    append_history,
     current_release,
-    deploy_lock,
     list_releases,
     previous_deployment,
     read_history,
     read_manifest,
-    read_run_script,
     release_dir,
     releases_to_prune,
     remove_tree,
 )
-
-
-def history_entry(params: dict, manifest: dict) -> dict:
-    # Where the code came from is in the release's manifest; the caller adds the rest.
-    entry = {key: manifest.get(key) for key in ("ref", "commit", "dirty")}
-    entry.update(params["record"])
-    # run.sh as deployed: its hash, and its text so a rollback can restore it exactly.
-    text = params["run_sh_text"]
-    if text is None:
-        run_sh = read_run_script(params["root"])
-        entry.update(run_sh_sha256=run_sh["sha256"], run_sh_text=run_sh["content"])
-    else:
-        entry.update(run_sh_sha256=sha256_bytes(text.encode()), run_sh_text=text)
-    entry.update(
-        time=datetime.now(UTC).isoformat(timespec="seconds"),
-        action=params["action"],
-        release=params["release"],
-        tree_sha256=manifest.get("tree_sha256"),
-        previous=params["previous"],
-        result=params["result"],
-    )
-    return entry
 
 
 def envs_to_prune(root: str, history: list[dict], kept: list[str]) -> list[str]:
@@ -137,38 +129,61 @@ def envs_to_prune(root: str, history: list[dict], kept: list[str]) -> list[str]:
     )
 
 
+def prune(root: str, release: str, keep: int, protect: list[str]) -> tuple[list, list]:
+    """keep-N: releases beyond the newest good ones, then envs no kept release used."""
+    history = read_history(root)
+    available = list_releases(root)
+    current, _link = current_release(root)
+    protected = {r for r in (current, release, *protect) if r}
+    fallback = previous_deployment(history, current, available)
+    if fallback:
+        protected.add(fallback)
+    pruned, pruned_envs = [], []
+    for doomed in releases_to_prune(history, available, keep, protected):
+        remove_tree(release_dir(root, doomed))
+        pruned.append(doomed)
+    kept = list_releases(root)
+    # Envs are pruned only when history says which env each kept release used.
+    if all(e.get("lock_id") for e in history if e.get("release") in kept):
+        for env in envs_to_prune(root, history, kept):
+            shutil.rmtree(os.path.join(root, "envs", env))
+            pruned_envs.append(env)
+    return pruned, pruned_envs
+
+
 def run(module: AnsibleModule) -> dict:
     params = module.params
     root, release = params["root"], params["release"]
     if params["keep"] < 1:
         raise StateError(f"keep={params['keep']} would prune the current release; use keep >= 1")
-    if module.check_mode:
-        # The release may not be unpacked in check mode; a real run would write one line.
-        return {"changed": True, "pruned": [], "pruned_envs": []}
     manifest = read_manifest(release_dir(root, release))
+    if manifest is None and module.check_mode:
+        # Not unpacked in check mode: a real run would have, and would record it.
+        return {"changed": True, "recorded": True, "pruned": [], "pruned_envs": []}
     if manifest is None:
         raise StateError(f"release {release} is not under {root}/releases; nothing to record")
-    entry = history_entry(params, manifest)
-    result = {"changed": True, "history_entry": entry, "pruned": [], "pruned_envs": []}
-    with deploy_lock(root):
-        append_history(root, entry)
-        history = read_history(root)
-        available = list_releases(root)
-        current, _link = current_release(root)
-        protected = {r for r in (current, release, *params["protect"]) if r}
-        fallback = previous_deployment(history, current, available)
-        if fallback:
-            protected.add(fallback)
-        for doomed in releases_to_prune(history, available, params["keep"], protected):
-            remove_tree(release_dir(root, doomed))
-            result["pruned"].append(doomed)
-        kept = list_releases(root)
-        # Envs are pruned only when history says which env each kept release used.
-        if all(e.get("lock_id") for e in history if e.get("release") in kept):
-            for env in envs_to_prune(root, history, kept):
-                shutil.rmtree(os.path.join(root, "envs", env))
-                result["pruned_envs"].append(env)
-    return result
+    entry = history_entry(
+        root, manifest, params["record"], release=release, action=params["action"],
+        result=params["result"], previous=params["previous"], run_sh_text=params["run_sh_text"],
+    )  # fmt: skip
+    if module.check_mode:
+        # What the target shows now (run.sh as it is): whether history would get a line.
+        fresh = not already_recorded(read_history(root), entry)
+        return {"changed": fresh, "recorded": fresh, "pruned": [], "pruned_envs": []}
+    with held(root, params["token"], params["action"], "record"):
+        written = record_once(root, entry)
+        # An export changes no release: keep-N has nothing new to do.
+        pruned, pruned_envs = (
+            ([], []) if params["action"] == "export"
+            else prune(root, release, params["keep"], params["protect"])
+        )  # fmt: skip
+    return {
+        "changed": written or bool(pruned or pruned_envs),
+        "history_entry": entry if written else None,
+        "recorded": written,
+        "pruned": pruned,
+        "pruned_envs": pruned_envs,
+    }
 
 
 def main() -> None:
@@ -176,10 +191,14 @@ def main() -> None:
         argument_spec={
             "root": {"type": "path", "required": True},
             "release": {"type": "str", "required": True},
-            "action": {"type": "str", "choices": ["deploy", "rollback"], "default": "deploy"},
+            "action": {
+                "type": "str",
+                "choices": ["deploy", "rollback", "export"],
+                "default": "deploy",
+            },
             "result": {
                 "type": "str",
-                "choices": ["deployed", "healthy", "failed", "rolled_back"],
+                "choices": ["deployed", "healthy", "failed", "rolled_back", "exported"],
                 "required": True,
             },
             "previous": {"type": "str"},
@@ -187,12 +206,13 @@ def main() -> None:
             "record": {"type": "dict", "default": {}},
             "keep": {"type": "int", "default": 5},
             "protect": {"type": "list", "elements": "str", "default": []},
+            "token": {"type": "str", "no_log": False},
         },
         supports_check_mode=True,
     )
     try:
         module.exit_json(**run(module))
-    except StateError as err:
+    except (StateError, LockError) as err:
         module.fail_json(msg=str(err))
 
 

@@ -26,6 +26,10 @@ options:
     description: Controller folder for the archives.
     type: path
     required: true
+attributes:
+  check_mode:
+    support: full
+    details: Writes only the controller's build folder, never a target; runs in check mode too.
 author: dflash-deploy
 """
 
@@ -87,7 +91,11 @@ class BuildError(Exception):
 
 
 def git(source_dir: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["git", "-C", source_dir, *args], capture_output=True, check=False)
+    try:
+        proc = subprocess.run(["git", "-C", source_dir, *args], capture_output=True, check=False)
+    except FileNotFoundError:
+        # A controller without git can still deploy a working tree (no ref).
+        proc = subprocess.CompletedProcess(["git", *args], 127, b"", b"git is not installed")
     if check and proc.returncode != 0:
         raise BuildError(
             f"git {' '.join(args)} failed in {source_dir}: {proc.stderr.decode().strip()}"

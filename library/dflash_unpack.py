@@ -12,6 +12,9 @@ description:
     C(releases/<release>). A kill at any point leaves either no release or a complete one.
   - When C(releases/<release>) already exists with the expected tree hash nothing changes; with
     another tree hash the module fails (a moved tag) rather than mixing two trees.
+  - A release whose files differ from its manifest (edited by hand), or any release with
+    I(replace), is unpacked again from the archive; the edited folder is kept as
+    C(releases/.edited-<release>-<time>) and its changed files are named in the result.
   - Removes temp folders left by killed earlier runs and the pushed archive once unpacked.
 options:
   root:
@@ -27,8 +30,20 @@ options:
     type: str
     required: true
   archive:
-    description: Path of the pushed archive on the target (needed only when the release is new).
+    description: Path of the pushed archive on the target (needed when the release is new or
+      is unpacked again).
     type: path
+  replace:
+    description: Unpack again even when the release on the target matches its manifest.
+    type: bool
+    default: false
+  token:
+    description: The deploy lock's token of this run (M(dflash_deploy_lock)); without it the
+      module takes the lock for its own change.
+    type: str
+attributes:
+  check_mode:
+    support: full
 author: dflash-deploy
 """
 
@@ -55,23 +70,30 @@ removed_temp:
   type: list
   elements: str
   returned: success
+repaired:
+  description: C(changed), C(missing), C(extra) files of the edited release, and C(kept_at)
+    (where the edited folder was moved).
+  type: dict
+  returned: when an edited release was unpacked again
 """
 
 import contextlib
 import os
 import shutil
 import tarfile
+import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_deploy_lock import LockError, held
 from ansible.module_utils.dflash_release import (
     MANIFEST_NAME,
+    file_drift,
     sha256_file,
     tree_sha256,
 )
 from ansible.module_utils.dflash_state import (
     TMP_PREFIX,
     StateError,
-    deploy_lock,
     fsync_dir,
     read_manifest,
     release_dir,
@@ -115,6 +137,8 @@ def check_unpacked(folder: str, expected_tree: str) -> int:
 
 
 def unpack(root: str, release: str, archive: str, expected_tree: str) -> int:
+    """Extract into a temp folder, check it, rename it to releases/<release>; a release folder
+    already there (an edited one) is moved aside first, kept under `.edited-`."""
     target = release_dir(root, release)
     tmp = os.path.join(os.path.dirname(target), f"{TMP_PREFIX}{release}-{os.getpid()}")
     try:
@@ -124,6 +148,11 @@ def unpack(root: str, release: str, archive: str, expected_tree: str) -> int:
             extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
             tar.extractall(tmp, members=safe_members(tar, archive), **extra)
         count = check_unpacked(tmp, expected_tree)
+        if os.path.lexists(target):
+            aside = os.path.join(
+                os.path.dirname(target), f".edited-{release}-{time.strftime('%Y%m%dT%H%M%S')}"
+            )
+            os.rename(target, aside)
         os.rename(tmp, target)
         fsync_dir(os.path.dirname(target))
     except (OSError, tarfile.TarError) as err:
@@ -140,6 +169,7 @@ def run(module: AnsibleModule) -> dict:
     target = release_dir(root, release)
     existing = read_manifest(target)
     result: dict = {"changed": False, "path": target, "removed_temp": []}
+    drift: dict = {}
     if existing is not None:
         if existing.get("tree_sha256") != expected:
             raise StateError(
@@ -147,20 +177,32 @@ def run(module: AnsibleModule) -> dict:
                 f"build has {expected}: the tag was moved. Deploy under a new tag, or remove "
                 f"{target} if it is not current"
             )
-    elif module.check_mode:
-        result["changed"] = True
-    else:
-        if not archive or not os.path.isfile(archive):
-            raise StateError(f"release {release} is not on the target and no archive was pushed")
-        with deploy_lock(root):
-            for stale in stale_temp_dirs(root):
-                shutil.rmtree(stale, ignore_errors=True)
-                result["removed_temp"].append(stale)
-            result["file_count"] = unpack(root, release, archive, expected)
-        result["changed"] = True
-    if archive and not module.check_mode:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(archive)
+        drift = file_drift(target, existing)
+        if not any(drift.values()) and not module.params["replace"]:
+            return result
+    result["changed"] = True
+    if module.check_mode:
+        return result
+    if not archive or not os.path.isfile(archive):
+        raise StateError(f"release {release} needs its archive on the target; none was pushed")
+    with held(root, module.params["token"], "deploy", "unpack"):
+        for stale in stale_temp_dirs(root):
+            shutil.rmtree(stale, ignore_errors=True)
+            result["removed_temp"].append(stale)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        before = set(os.listdir(os.path.dirname(target)))
+        result["file_count"] = unpack(root, release, archive, expected)
+        kept = sorted(set(os.listdir(os.path.dirname(target))) - before - {release})
+    if any(drift.values()):
+        result["repaired"] = dict(drift, kept_at=[os.path.join(os.path.dirname(target), k)
+                                                  for k in kept])  # fmt: skip
+        module.warn(
+            f"release {release} on the target had been edited (changed {drift['changed']}, "
+            f"missing {drift['missing']}, extra {drift['extra']}); it was unpacked again from "
+            f"its archive, the edited copy kept at {', '.join(result['repaired']['kept_at'])}"
+        )
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(archive)
     return result
 
 
@@ -171,12 +213,14 @@ def main() -> None:
             "release": {"type": "str", "required": True},
             "tree_sha256": {"type": "str", "required": True},
             "archive": {"type": "path"},
+            "replace": {"type": "bool", "default": False},
+            "token": {"type": "str", "no_log": False},
         },
         supports_check_mode=True,
     )
     try:
         module.exit_json(**run(module))
-    except StateError as err:
+    except (StateError, LockError) as err:
         module.fail_json(msg=str(err))
 
 

@@ -21,6 +21,10 @@ options:
     description: The wheelhouse folder (created when missing).
     type: path
     required: true
+attributes:
+  check_mode:
+    support: full
+    details: In check mode names the wheels it would download and downloads none.
 author: dflash-deploy
 """
 

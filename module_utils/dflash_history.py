@@ -1,14 +1,27 @@
 # The deployments of one target as history.jsonl records them: a listing, the choice of two
 # of them by a selector, and what changed between them (files, environment, run.sh values,
-# GPU layout, throughput). Pure functions over the history and the release manifests.
+# GPU layout, throughput). Pure functions over the history and the release manifests, for
+# modules and filters alike (which of them compare by tokens/s: dflash_throughput).
 from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
 
-from ansible.module_utils.dflash_lock import pinned
-from ansible.module_utils.dflash_state import GOOD_RESULTS as GOOD
-from ansible.module_utils.dflash_state import deployment_index
+try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
+    from ansible.module_utils.dflash_lock import pinned
+    from ansible.module_utils.dflash_state import GOOD_RESULTS as GOOD
+    from ansible.module_utils.dflash_state import deployment_index
+    from ansible.module_utils.dflash_throughput import (
+        fastest_comparable,
+        fastest_of,
+        rated,
+        shape_of,
+    )
+except ImportError:  # in a controller filter, which puts module_utils/ on sys.path
+    from dflash_lock import pinned
+    from dflash_state import GOOD_RESULTS as GOOD
+    from dflash_state import deployment_index
+    from dflash_throughput import fastest_comparable, fastest_of, rated, shape_of
 
 SELECTORS = "current, previous, fastest, last, a number from history.yml, or a release id"
 TEXT_DIFF_LINES = 200
@@ -36,6 +49,7 @@ def listing(history: list[dict]) -> list[dict]:
                 "result": entry.get("result"),
                 "tokens_per_s": entry.get("tokens_per_s"),
                 "error": entry.get("error"),
+                "export": entry.get("export"),
             }
         )
     return rows
@@ -62,21 +76,33 @@ def select(history: list[dict], current: str | None, selector: str) -> int:
             history[:before], lambda e: e.get("result") in GOOD and _identity(e) != same
         )
     elif text == "last":
-        index = len(history) - 1 if history else None
+        index = _newest(history, _deployment)
     elif text == "fastest":
-        rated = [i for i, e in enumerate(history) if e.get("result") == "healthy"
-                 and isinstance(e.get("tokens_per_s"), (int, float))]  # fmt: skip
-        index = max(rated, key=lambda i: history[i]["tokens_per_s"]) if rated else None
+        # Of current's layout and shape (other tokens/s do not compare); of all without one.
+        if now is not None and shape_of(history[now]) is not None:
+            index = fastest_comparable(history, history[now])
+        else:
+            index = fastest_of(history, [i for i, e in enumerate(history) if rated(e)])
     elif text.isdigit():
         index = int(text) - 1 if 1 <= int(text) <= len(history) else None
+        if index is not None and not _deployment(history[index]):
+            raise SelectorError(
+                f"#{text} of history.jsonl is an {history[index].get('action')}, not a "
+                f"deployment; use {SELECTORS}"
+            )
     else:
-        index = _newest(history, lambda e: e.get("release") == text)
+        index = _newest(history, lambda e: _deployment(e) and e.get("release") == text)
     if index is None:
         raise SelectorError(
             f"no deployment matches '{selector}' in the {len(history)} entries of history.jsonl; "
             f"use {SELECTORS}"
         )
     return index
+
+
+def _deployment(entry: dict) -> bool:
+    """A deploy or rollback line; an export line records a drafter leaving, not code arriving."""
+    return entry.get("action") != "export"
 
 
 def _identity(entry: dict) -> tuple:

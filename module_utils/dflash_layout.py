@@ -10,6 +10,9 @@ _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_FLAGS = {"target_gpus", "drafter_gpus", "checkpoint_dir", "status_file", "run_id"}
 RESERVED_ENV_PREFIXES = ("DFLASH_",)
 RESERVED_ENV = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTHONDONTWRITEBYTECODE"}
+# Allowed, but they change what code runs beside the release and its env, which verify cannot
+# see: preflight warns.
+CODE_CHANGING_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME")
 
 
 class LayoutError(ValueError):
@@ -139,3 +142,13 @@ def checked_value(value: str, name: str) -> str:
     if "\0" in value:
         raise LayoutError(f"{name} contains a NUL byte, which no argument or variable can hold")
     return value
+
+
+def env_warnings(env: dict[str, str]) -> list[str]:
+    """A warning for each trainer variable that makes other code run than the deployed one."""
+    return [
+        f"dflash_trainer_env sets {name}={env[name]!r}: the trainer then loads code from outside "
+        "its release and env, which verify does not check; leave it out unless you mean it"
+        for name in CODE_CHANGING_ENV
+        if name in env
+    ]

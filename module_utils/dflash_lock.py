@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import subprocess
 
 # PEP 440 release with optional pre/post/dev parts and a local suffix (+cu128, +cpu).
 _VERSION_RE = re.compile(
@@ -31,6 +32,15 @@ def pinned(lock: dict) -> dict[str, str]:
     return pins
 
 
+# Where a lock's packages come from: wheels to install, or an interpreter adopted as it is.
+SOURCES = ("wheelhouse", "index_url", "python")
+
+
+def adopts(lock: dict) -> str | None:
+    """The interpreter a lock adopts (source: {python: ...}), never installed into."""
+    return (lock.get("source") or {}).get("python") or None
+
+
 def lock_problems(lock: object) -> list[str]:
     """Everything wrong with a lock, each naming the value and the fix; [] when it is valid."""
     if not isinstance(lock, dict):
@@ -52,10 +62,17 @@ def lock_problems(lock: object) -> list[str]:
                 "pip prints it, e.g. 2.11.0+cu128"
             )
     source = lock.get("source") or {}
-    if bool(source.get("wheelhouse")) == bool(source.get("index_url")):
+    given = [key for key in SOURCES if source.get(key)]
+    if len(given) != 1:
         problems.append(
-            "dflash_lock.source needs exactly one of wheelhouse (a folder inside the target) "
-            "or index_url"
+            "dflash_lock.source needs exactly one of wheelhouse (a folder inside the target), "
+            "index_url, or python (an interpreter that already holds the pins)"
+            + (f"; it has {', '.join(given)}" if given else "")
+        )
+    elif given == ["python"] and not str(source["python"]).startswith("/"):
+        problems.append(
+            f"dflash_lock.source.python '{source['python']}' must be the absolute path of an "
+            "interpreter on the target, e.g. /opt/torch/.venv/bin/python3"
         )
     pins = {normalize(str(n)) for n in names}
     for name, digest in (lock.get("sha256") or {}).items():
@@ -69,9 +86,13 @@ def lock_problems(lock: object) -> list[str]:
 def lock_id(lock: dict) -> str:
     """Folder name of the env built from this lock: any change to what it pins is a new env.
 
-    The source is left out: the same pins (and hashes) from a moved wheelhouse are the same env.
+    The source is left out: the same pins (and hashes) from a moved wheelhouse are the same env;
+    an adopted interpreter's path is in.
     """
     content = {key: value for key, value in lock.items() if key != "source"}
+    if adopts(lock):
+        # An adopted interpreter is its own env: another interpreter is another env.
+        content["adopted_python"] = adopts(lock)
     canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return "lock-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -93,9 +114,55 @@ def requirement_lines(lock: dict) -> list[str]:
 
 def installed_versions(env_dir: str) -> dict[str, str]:
     """Versions from dist-info metadata: no import, so it is fast and trusts nothing in the env."""
+    found: dict[str, str] = {}
+    for site in sorted(glob.glob(os.path.join(env_dir, "lib", "python3*", "site-packages"))):
+        for name, version in _site_versions(site).items():
+            found.setdefault(name, version)
+    return found
+
+
+def interpreter_versions(python: str) -> dict[str, str] | None:
+    """What an adopted interpreter imports, from the dist-info of its sys.path (first one
+    wins, as for import); None when it does not run."""
+    try:
+        proc = subprocess.run(
+            [python, "-E", "-c", "import json, sys; print(json.dumps(sys.path))"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        paths = json.loads(proc.stdout) if proc.returncode == 0 else None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    if paths is None:
+        return None
+    found: dict[str, str] = {}
+    for folder in paths:
+        for name, version in _site_versions(folder or ".").items():
+            found.setdefault(name, version)
+    return found
+
+
+# torch's own record of its build (`__version__ = '2.11.0+cu130'`), written when it is built:
+# some images' dist-info drops the local suffix that this file, and torch.__version__, keep.
+_TORCH_VERSION = re.compile(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", re.MULTILINE)
+
+
+def _site_versions(site: str) -> dict[str, str]:
+    """The dist-info versions of one site-packages folder, torch's with its build suffix."""
+    found = _metadata_versions(glob.glob(os.path.join(site, "*.dist-info", "METADATA")))
+    if "torch" in found:
+        try:
+            with open(os.path.join(site, "torch", "version.py"), encoding="utf-8") as handle:
+                match = _TORCH_VERSION.search(handle.read())
+        except OSError:
+            match = None
+        if match and match[1].split("+")[0] == found["torch"].split("+")[0]:
+            found["torch"] = match[1]
+    return found
+
+
+def _metadata_versions(files: list[str]) -> dict[str, str]:
     found = {}
-    pattern = os.path.join(env_dir, "lib", "python3*", "site-packages", "*.dist-info", "METADATA")
-    for metadata in glob.glob(pattern):
+    for metadata in files:
         name = version = None
         with open(metadata, encoding="utf-8", errors="replace") as handle:
             for line in handle:
@@ -111,9 +178,12 @@ def installed_versions(env_dir: str) -> dict[str, str]:
 
 
 def version_drift(lock: dict, installed: dict[str, str]) -> list[dict]:
+    """Every package that differs from the pins. A built env must hold nothing else; an adopted
+    interpreter (an image's) holds much else, so only its pins count."""
     drift = []
     pins = pinned(lock)
-    for name in sorted(set(pins) | set(installed)):
+    names = set(pins) if adopts(lock) else set(pins) | set(installed)
+    for name in sorted(names):
         if pins.get(name) != installed.get(name):
             drift.append(
                 {"package": name, "expected": pins.get(name), "found": installed.get(name)}

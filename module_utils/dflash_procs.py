@@ -2,6 +2,7 @@
 # by hand is found as surely as the one the launcher started.
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -46,6 +47,8 @@ def process_info(pid: int) -> dict | None:
         cwd = ""
     return {
         "pid": pid,
+        # R, S, D...; T: stopped (SIGSTOP), t: stopped by a tracer.
+        "state": fields[0].decode(),
         "ppid": int(fields[1]),
         "pgid": int(fields[2]),
         "start_ticks": int(fields[19]),
@@ -116,14 +119,43 @@ def _signal(info: dict, sig: int) -> None:
         pass
 
 
-def stop_all(trainers: list[dict], timeout: float) -> dict:
-    """SIGTERM, wait up to `timeout` s, SIGKILL what is left; returns what happened to whom."""
+def stopped(trainers: list[dict]) -> list[int]:
+    """Pids of trainer processes that are stopped (SIGSTOP, a debugger): they train nothing."""
+    return [info["pid"] for info in trainers if info.get("state") in ("T", "t")]
+
+
+def _steps_since_checkpoint(root: str, info: dict) -> dict | None:
+    """What the trainer of this process had done past its last checkpoint (its status.json)."""
+    if not info.get("run_id"):
+        return None
+    try:
+        with open(os.path.join(root, "runs", info["run_id"], "status.json"), "rb") as handle:
+            status = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    step = status.get("step") or 0
+    saved = (status.get("checkpoint") or {}).get("step") or 0
+    return {"pid": info["pid"], "step": step, "checkpoint_step": saved, "lost": step - saved}
+
+
+def stop_all(trainers: list[dict], timeout: float, root: str | None = None) -> dict:
+    """SIGCONT (a stopped process cannot act on SIGTERM), SIGTERM, wait up to `timeout` s,
+    SIGKILL what is left; returns what happened to whom, and for each killed trainer the steps
+    it had done past its last checkpoint (lost with it)."""
     for info in trainers:
+        _signal(info, signal.SIGCONT)
         _signal(info, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(alive(i) for i in trainers):
         time.sleep(0.1)
     killed = [i["pid"] for i in trainers if alive(i)]
+    lost, runs = [], set()
+    for info in trainers:  # one figure per run: torchrun's workers share their job's run id
+        if root and info["pid"] in killed and info.get("run_id") not in runs:
+            runs.add(info.get("run_id"))
+            steps = _steps_since_checkpoint(root, info)
+            if steps:
+                lost.append(steps)
     for info in trainers:
         if alive(info):
             _signal(info, signal.SIGKILL)
@@ -133,5 +165,24 @@ def stop_all(trainers: list[dict], timeout: float) -> dict:
     return {
         "terminated": [i["pid"] for i in trainers if i["pid"] not in killed],
         "killed": killed,
+        "lost_steps": lost,
         "survivors": [i["pid"] for i in trainers if alive(i)],
     }
+
+
+def stop_summary(stopped_result: dict) -> str:
+    """`stopped pid 9318 (SIGTERM)`, naming only what happened, and what a SIGKILL lost."""
+    parts = []
+    if stopped_result.get("terminated"):
+        parts.append(f"pid {', '.join(map(str, stopped_result['terminated']))} stopped on SIGTERM")
+    if stopped_result.get("killed"):
+        parts.append(
+            f"pid {', '.join(map(str, stopped_result['killed']))} killed (SIGKILL) after the "
+            "stop timeout"
+        )
+    for item in stopped_result.get("lost_steps") or []:
+        parts.append(
+            f"pid {item['pid']} was at step {item['step']}, its last checkpoint at step "
+            f"{item['checkpoint_step']}: {item['lost']} steps lost"
+        )
+    return "; ".join(parts)

@@ -1,25 +1,24 @@
 # The state layout on a target (DESIGN.md "State on a target") and the reads and writes on it
-# that several modules share: releases, the `current` link, history.jsonl, the deploy lock.
+# that several modules share: releases, the `current` link, history.jsonl.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
 import shutil
-from collections.abc import Iterator
 
-from ansible.module_utils.dflash_release import MANIFEST_NAME, release_id_problem, sha256_bytes
+try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
+    from ansible.module_utils.dflash_lines import GOOD_RESULTS
+    from ansible.module_utils.dflash_release import MANIFEST_NAME, release_id_problem, sha256_bytes
+except ImportError:  # in a controller filter, which puts module_utils/ on sys.path
+    from dflash_lines import GOOD_RESULTS
+    from dflash_release import MANIFEST_NAME, release_id_problem, sha256_bytes
 
 RELEASES = "releases"
 CURRENT = "current"
 HISTORY = "history.jsonl"
 INCOMING = ".incoming"
-LOCK = ".deploy.lock"
 TMP_PREFIX = ".tmp-"
-# Results after which a release may serve as a rollback target.
-GOOD_RESULTS = ("healthy", "deployed")
 
 
 class StateError(Exception):
@@ -31,7 +30,7 @@ def release_dir(root: str, release: str) -> str:
     if problem:
         raise StateError(
             f"release '{release}' is not a valid release id: {problem}; "
-            "use a tag name such as v1.4.0 or an id listed by verify.yml"
+            "use a tag name such as v1.4.0 or a release id that history.yml lists"
         )
     return os.path.join(root, RELEASES, release)
 
@@ -184,22 +183,3 @@ def stale_temp_dirs(root: str) -> list[str]:
     return sorted(
         os.path.join(folder, name) for name in os.listdir(folder) if name.startswith(TMP_PREFIX)
     )
-
-
-@contextlib.contextmanager
-def deploy_lock(root: str) -> Iterator[None]:
-    """One deploy/rollback per target at a time; a second one fails instead of interleaving."""
-    fd = os.open(os.path.join(root, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno in (errno.EAGAIN, errno.EACCES):
-                raise StateError(
-                    f"another deploy or rollback holds {os.path.join(root, LOCK)}; "
-                    "wait for it to finish, then run again"
-                ) from err
-            raise
-        yield
-    finally:
-        os.close(fd)

@@ -31,6 +31,12 @@ class PlaybookRun:
     def changed(self, host: str = "local") -> int:
         return self.recap[host]["changed"]
 
+    @property
+    def text(self) -> str:
+        """The output with every run of whitespace made one space: messages as one line,
+        however the YAML callback wrapped them."""
+        return " ".join(self.output.split())
+
 
 def playbook_env() -> dict[str, str]:
     env = dict(os.environ)
@@ -139,3 +145,15 @@ def build_wheel(folder: Path, name: str, version: str) -> Path:
         for path, text in files.items():
             archive.writestr(path, text)
     return wheel
+
+
+def record_tokens_per_s(root: Path, release: str, tokens_per_s: float) -> None:
+    """Set the tokens/s that history.jsonl's newest healthy line of `release` recorded at its
+    health check: a reference figure a test controls, where a measured one would be noise."""
+    path = root / "history.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    index = max(
+        i for i, e in enumerate(lines) if e["release"] == release and e["result"] == "healthy"
+    )
+    lines[index]["tokens_per_s"] = tokens_per_s
+    path.write_text("".join(json.dumps(line, sort_keys=True) + "\n" for line in lines))

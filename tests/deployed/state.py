@@ -45,6 +45,7 @@ class Target:
     # Kept out of the repr: pytest prints fixtures' reprs in its tracebacks.
     facts: dict | None = field(default=None, repr=False)
     heartbeat_max_age: float | None = None
+    min_throughput_ratio: float | None = None
     error: str | None = None
 
 
@@ -135,4 +136,9 @@ def _target(host: str, results: dict[str, dict], rc: int) -> Target:
     if facts.get("failed"):
         return Target(host, error=f"dflash_facts failed: {facts.get('msg')}")
     limits = results[LIMITS_TASK]["msg"]
-    return Target(host, facts=facts, heartbeat_max_age=float(limits["heartbeat_max_age"]))
+    return Target(
+        host,
+        facts=facts,
+        heartbeat_max_age=float(limits["heartbeat_max_age"]),
+        min_throughput_ratio=float(limits["min_throughput_ratio"]),
+    )

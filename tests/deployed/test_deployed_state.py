@@ -19,10 +19,10 @@ RUNNING = ("running", "checkpointing")
 RESTART = "deploy.yml -e dflash_restart=true"
 
 
-def _load_filters() -> ModuleType:
-    # A private name: tests/unit loads the same file as `dflash_filters` for its own use.
+def _load_filters(name: str) -> ModuleType:
+    # Private names: tests/unit loads the same files under names of its own.
     spec = importlib.util.spec_from_file_location(
-        "dflash_deployed_filters", REPO / "filter_plugins" / "dflash.py"
+        f"dflash_deployed_{name}", REPO / "filter_plugins" / f"{name}.py"
     )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -30,7 +30,9 @@ def _load_filters() -> ModuleType:
     return module
 
 
-FILTERS = _load_filters()
+FILTERS = _load_filters("dflash")
+VERIFY = _load_filters("dflash_verify")
+VERIFY_GPU = _load_filters("dflash_verify_gpu")
 
 
 def says(what: str, expected: Any, found: Any, fix: str) -> str:
@@ -38,15 +40,30 @@ def says(what: str, expected: Any, found: Any, fix: str) -> str:
 
 
 def findings(state: Target, *kinds: str) -> list[dict]:
-    """verify.yml's findings for this host, only those of the given kinds (all without)."""
-    found = FILTERS.dflash_findings(state.facts, state.heartbeat_max_age)
+    """verify.yml's findings for this host, only those of the given kinds (all without): the
+    same three rule sets as roles/dflash_verify/tasks/main.yml."""
+    found = (
+        FILTERS.dflash_findings(state.facts, state.heartbeat_max_age)
+        + VERIFY.throughput_findings(
+            state.facts, state.min_throughput_ratio, state.heartbeat_max_age
+        )
+        + VERIFY_GPU.gpu_findings(state.facts)
+    )
     return [item for item in found if not kinds or item["kind"] in kinds]
+
+
+def _what(item: dict) -> str:
+    if item.get("path") or item.get("package"):
+        return item.get("path") or item.get("package")
+    if item.get("pid") is not None:
+        return f"pid {item['pid']}"
+    return f"GPU {item['gpu']}" if item.get("gpu") is not None else ""
 
 
 def explain(state: Target, items: list[dict]) -> str:
     return "\n".join(
         says(
-            f"{state.name}: {item['kind']} {item.get('path') or item.get('package') or ''}",
+            f"{state.name}: {item['kind']} {_what(item)}",
             item["expected"],
             item["found"],
             item["hint"],
@@ -282,13 +299,34 @@ def test_compile_cache_is_this_builds(state: Target) -> None:
     assert not problems, explain(state, problems)
 
 
+def test_trainer_throughput_within_ratio(state: Target) -> None:
+    # What verify.yml judges: a full window of steps against the health check and the
+    # fastest comparable deployment; what it cannot judge (too early, no figure) skips.
+    view = VERIFY.throughput_view(state.facts, state.min_throughput_ratio, state.heartbeat_max_age)
+    if not view["judged"]:
+        pytest.skip(f"{state.name}: throughput not judged: {view['note']}")
+    problems = findings(state, "throughput")
+    assert not problems, explain(state, problems)
+
+
+def test_no_foreign_gpu_process(state: Target) -> None:
+    # Every GPU of the layout there, held by this job's processes only (and memory by live
+    # ones); a target without nvidia-smi (CPU) skips, saying so.
+    view = VERIFY_GPU.judge_facts(state.facts)
+    if not view["applies"]:
+        pytest.skip(f"{state.name}: gpu check not applicable: {view['why']}")
+    problems = findings(state, "gpu")
+    assert not problems, explain(state, problems)
+
+
 def test_last_deployment_is_current_and_healthy(state: Target) -> None:
     release = current_release(state)
-    history = state.facts["history"]
-    last = history[-1] if history else {}
+    # Export lines (export.yml) record a drafter leaving, not a deployment.
+    deployments = [e for e in state.facts["history"] if e.get("action") != "export"]
+    last = deployments[-1] if deployments else {}
     # `deployed` is the good end of a staged deploy (dflash_launch: false).
     assert last.get("release") == release and last.get("result") in ("healthy", "deployed"), says(
-        f"{state.name}: last line of history.jsonl",
+        f"{state.name}: last deployment in history.jsonl",
         f"release {release}, result healthy",
         f"release {last.get('release')}, result {last.get('result')}" if last else "no history",
         "current was switched outside deploy.yml/rollback.yml, or the last deploy failed: "

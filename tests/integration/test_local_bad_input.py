@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import git_source, run_playbook, seed_target
+from tests.helpers import REPO, git_source, run_playbook, seed_target
 
 V1 = {"dflash/__init__.py": "VERSION = 1\n"}
+# The real flag definitions, so preflight checks trainer flags with this release's parser.
+WITH_FLAGS = {**V1, "dflash/flags.py": (REPO / "dflash" / "flags.py").read_text()}
 
 
 def snapshot(root: Path) -> dict[str, bytes | str]:
@@ -35,7 +38,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory, local_envs: Path) -> dict
     """One target with v1 deployed, shared by every bad-input case: each must leave it exactly
     as it was (the snapshot says so), so sharing it costs no independence."""
     base = tmp_path_factory.mktemp("bad-input")
-    repo = git_source(base / "source")("v1", V1)
+    repo = git_source(base / "source")("v1", WITH_FLAGS)
     root = base / "target" / "dflash"
     seed_target(root, local_envs)
     variables = {
@@ -57,6 +60,23 @@ def deployed(tmp_path_factory: pytest.TempPathFactory, local_envs: Path) -> dict
         ("rollback.yml", {"dflash_release": "v7"}, ["Unknown rollback target 'v7'", "v1"]),
         ("rollback.yml", {}, ["no earlier deployment", "dflash_release=<id>"]),
         ("deploy.yml", {"dflash_keep_releases": 0}, ["dflash_keep_releases=0", "1 or more"]),
+        # What the trainer itself would refuse at start, refused by its own parser first.
+        (
+            "deploy.yml",
+            {"dflash_trainer_args": {"target_model": "tiny", "max_stepz": 3}},
+            ["unknown flag --max-stepz (did you mean --max-steps?)", "python -m dflash.train"],
+        ),
+        (
+            "deploy.yml",
+            {"dflash_trainer_args": {"target_model": "tiny", "seed": "$(id)"}},
+            ["argument --seed: '$(id)' is not an integer"],
+        ),
+        # A typo in a variable name, with strict checking on.
+        (
+            "deploy.yml",
+            {"dflash_keep_release": 3, "dflash_strict_vars": True},
+            ["dflash_keep_release is set but unknown", "did you mean dflash_keep_releases?"],
+        ),
     ],
 )
 def test_bad_input_changes_nothing(deployed, playbook_name, variables, expected):
@@ -101,3 +121,64 @@ def test_moved_tag_is_refused(source_repo, playbook, target_root):
     assert run.rc != 0
     assert "the tag was moved" in run.output
     assert snapshot(target_root) == before
+
+
+def test_a_lock_wheel_the_wheelhouse_lacks_is_refused_first(deployed, local_lock):
+    root = Path(deployed["dflash_root"])
+    before = snapshot(root)
+    lock = {**local_lock, "wheels": {**local_lock["wheels"], "nosuch-package": "1.0"}}
+    lock["source"] = {"wheelhouse": str(REPO / ".build" / "wheelhouse")}
+    run = run_playbook("deploy.yml", {**deployed, "dflash_lock": lock})
+    assert run.rc != 0
+    assert (
+        "the lock pins nosuch-package==1.0" in run.text and "playbooks/wheelhouse.yml" in run.text
+    )
+    assert snapshot(root) == before
+
+
+def test_warnings_for_unknown_variables_and_code_changing_env(deployed):
+    root = Path(deployed["dflash_root"])
+    before = snapshot(root)
+    run = run_playbook(
+        "deploy.yml",
+        {**deployed, "dflash_restrat": True, "dflash_trainer_env": {"LD_PRELOAD": "/x.so"}},
+        check=True,
+    )
+    assert run.rc == 0, run.output
+    warning = "[WARNING]: dflash_restrat is set but unknown to dflash-deploy"
+    assert f"{warning} (did you mean dflash_restart?)" in run.text
+    assert "dflash_trainer_env sets LD_PRELOAD='/x.so'" in run.text
+    assert snapshot(root) == before
+
+
+def test_a_read_only_state_root_is_refused_before_any_change(deployed, tmp_path):
+    root = Path(deployed["dflash_root"])
+    before = snapshot(root)
+    mount = ["mount", "--bind", str(root), str(root)]
+    if os.geteuid() != 0 or subprocess.run(mount, capture_output=True).returncode != 0:
+        pytest.skip("a read-only bind mount needs root and mount(8)")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(root)], check=True)
+        run = run_playbook("deploy.yml", deployed)
+    finally:
+        subprocess.run(["umount", str(root)], check=True)
+    assert run.rc != 0
+    assert f"dflash_root '{root}' is not writable (Read-only file system)" in run.text, run.output
+    assert snapshot(root) == before
+
+
+def test_a_release_whose_package_does_not_import_is_refused_first(deployed):
+    root = Path(deployed["dflash_root"])
+    repo = Path(deployed["dflash_source_dir"])
+    (repo / "dflash" / "__init__.py").write_text("raise RuntimeError('boom at import')\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=t@example.invalid", "-c", "user.name=t"]
+    subprocess.run([*git, "commit", "-qam", "broken"], check=True)
+    subprocess.run([*git, "tag", "broken"], check=True)
+    subprocess.run([*git, "reset", "-q", "--hard", "HEAD~1"], check=True)  # others deploy HEAD
+    before = snapshot(root)
+    run = run_playbook("deploy.yml", {**deployed, "dflash_ref": "broken"})
+    assert run.rc != 0
+    flat = " ".join(run.output.split())
+    assert "this release's package does not even import" in flat, run.output
+    assert "boom at import" in flat and "Nothing was changed on the target" in flat
+    assert snapshot(root) == before

@@ -132,3 +132,43 @@ def test_bad_locks_fail_before_any_env_changes(deploy, wheelhouse, target_root, 
             assert text in flat, (text, run.output)
         assert envs_of(target_root) == before
         assert os.readlink(target_root / "current") == current
+
+
+def test_an_adopted_interpreter_is_checked_never_changed(deploy, playbook, wheelhouse, tmp_path):
+    """source: {python: ...} adopts an interpreter as it is (an image's preinstalled torch):
+    its pins are checked before any change and by verify later; nothing is installed into it."""
+    venv = tmp_path / "image-venv"
+    subprocess.run(["python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+    pip = next(wheelhouse.glob("pip-*.whl"))
+
+    def install(version: str) -> None:
+        wheel = next(wheelhouse.glob(f"dflashtest_probe-{version}-*.whl"))
+        subprocess.run(
+            [str(venv / "bin" / "python"), f"{pip}/pip", "install", "-q", "--no-deps",
+             "--no-index", "--force-reinstall", str(wheel)],
+            check=True,
+        )  # fmt: skip
+
+    install("1.0")
+    python = str(venv / "bin" / "python")
+    lock = {"python": "3.11", "wheels": {PKG: "1.0"}, "source": {"python": python}}
+    first = deploy(lock)
+    assert first.rc == 0, first.output
+    assert "adopted as it is, never changed" in " ".join(first.output.split())
+    marker = next((tmp_path / "target" / "dflash" / "envs").glob("*/.dflash-env.json"))
+    assert python in marker.read_text()
+    assert python in (tmp_path / "target" / "dflash" / "run.sh").read_text()
+    assert playbook("verify.yml").rc == 0
+
+    # A lock the interpreter does not hold is refused before anything changes.
+    refused = deploy(dict(lock, wheels={PKG: "1.1"}))
+    assert refused.rc != 0
+    assert f"{PKG} 1.0, the lock says 1.1" in " ".join(refused.output.split()), refused.output
+
+    # Changed under the deployment: verify names it.
+    install("1.1")
+    drift = playbook("verify.yml")
+    assert drift.rc != 0
+    assert [(f["kind"], f.get("package")) for f in drift.report["hosts"]["local"]["findings"]] == [
+        ("environment", PKG)
+    ]

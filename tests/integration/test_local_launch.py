@@ -13,7 +13,7 @@ import time
 from tests.integration.conftest import add_release, alive, read_json, status_of
 
 
-def test_healthy_launch_no_restart_then_clean_switch(deploy, trainer_repo, target_root):
+def test_healthy_launch_no_restart_then_clean_switch(deploy, playbook, trainer_repo, target_root):
     first = deploy("v1")
     assert first.rc == 0, first.output
     record = read_json(target_root / "trainer.json")
@@ -42,6 +42,21 @@ def test_healthy_launch_no_restart_then_clean_switch(deploy, trainer_repo, targe
     assert [(e["release"], e["result"]) for e in history] == [("v1", "healthy"), ("v2", "healthy")]
     assert history[-1]["run_id"] == new["run_id"] and history[-1]["tokens_per_s"]
     assert history[-1]["run_sh_sha256"] and "dflash.train" in history[-1]["run_sh_text"]
+
+    # v3 staged (not launched: v2's trainer trains on), then a rollback to v2: its run is
+    # adopted, not restarted, and the rollback is a line of its own (verify agrees).
+    add_release(trainer_repo, "v3", "dflash/__init__.py", "# v3\n")
+    assert deploy("v3", dflash_launch=False).rc == 0
+    back = playbook("rollback.yml", dflash_release="v2", dflash_launch=True)
+    assert back.rc == 0, back.output
+    assert read_json(target_root / "trainer.json")["run_id"] == new["run_id"]
+    history = [json.loads(x) for x in (target_root / "history.jsonl").read_text().splitlines()]
+    assert [(e["action"], e["release"]) for e in history[-2:]] == [
+        ("deploy", "v3"), ("rollback", "v2")
+    ]  # fmt: skip
+    assert history[-1]["run_id"] == new["run_id"]
+    verify = playbook("verify.yml")
+    assert verify.rc == 0 and verify.report["hosts"]["local"]["verdict"] == "ok", verify.output
 
 
 def test_stray_and_sigterm_deaf_trainers_are_stopped(deploy, target_root):
@@ -82,15 +97,17 @@ def test_crash_at_start_puts_the_previous_release_back(deploy, trainer_repo, tar
     assert deploy("v0", dflash_launch=False).rc == 0  # staged: the deployment before v1
     assert deploy("v1").rc == 0
     good = read_json(target_root / "trainer.json")
+    # The crash is in a module the trainer imports but the flags check does not: a release
+    # whose package does not import at all is refused before any change (the bad-input tests).
     add_release(
-        trainer_repo, "crash", "dflash/__init__.py",
+        trainer_repo, "crash", "dflash/options.py",
         "\nraise RuntimeError('boom: this release cannot start')\n",
     )  # fmt: skip
     run = deploy("crash", dflash_keep_releases=1)
     assert run.rc != 0
     flat = " ".join(run.output.split())
     assert "boom: this release cannot start" in flat, "the log tail is missing"
-    assert "Release v1 is current again and its trainer runs" in flat
+    assert "Release v1 is current again and its trainer runs" in flat, run.output
     assert os.readlink(target_root / "current") == "releases/v1"
     back = read_json(target_root / "trainer.json")
     assert back["pid"] != good["pid"] and alive(back["pid"])

@@ -185,12 +185,17 @@ def test_deploy_killed_between_unpack_and_switch(source_repo, playbook, target_r
     (partial / "dflash").mkdir(parents=True)
     (partial / "dflash" / "half.py").write_text("")
 
+    # verify names the interrupted deploy (its lock was left behind), and nothing else.
     report_path = tmp_path / "reports" / "verify.json"
-    assert playbook("verify.yml").rc == 0
-    assert json.loads(report_path.read_text())["hosts"]["local"]["release"] == "v1"
+    interrupted = playbook("verify.yml")
+    host = json.loads(report_path.read_text())["hosts"]["local"]
+    assert interrupted.rc != 0 and host["release"] == "v1", interrupted.output
+    assert [(f["kind"], f.get("state")) for f in host["findings"]] == [("release", "interrupted")]
+    assert "deploy of v2" in host["findings"][0]["found"]
 
     finish = playbook("deploy.yml", dflash_source_dir=str(repo), dflash_ref="v2")
     assert finish.rc == 0, finish.output
+    assert "took over the deploy lock" in finish.text
     assert current_of(target_root) == "releases/v2"
     assert playbook("verify.yml").rc == 0
 

@@ -70,6 +70,9 @@ def test_field_layout_renders_as_documented(tmp_path):
     seen = execute(run_sh, tmp_path)
     argv = seen["argv"]
     assert argv[:4] == ["-m", "torch.distributed.run", "--nproc-per-node", "8"]
+    # One node: a free rendezvous port (torchrun's fixed 29500 clashed with a second trainer
+    # on the same GPU machine: EADDRINUSE, seen in bench/gpu_path.py's run).
+    assert argv[4] == "--standalone"
     module = argv.index("-m", 1)
     train = argv[module + 1 :]
     assert train[0] == "dflash.train"
@@ -88,6 +91,15 @@ def test_field_layout_renders_as_documented(tmp_path):
     # torchrun waits as long as the toolkit does (dflash_stop_timeout) before killing ranks.
     assert seen["env"]["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "60"
     assert seen["cwd"] == str(tmp_path / "root" / "releases" / "r1")
+
+
+def test_a_multi_node_rendezvous_is_the_users_not_standalone(tmp_path):
+    rendezvous = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node1:29400"]
+    run, run_sh = render(tmp_path, **FIELD, dflash_torchrun_args=rendezvous)
+    assert run.rc == 0, run.output
+    argv = execute(run_sh, tmp_path)["argv"]
+    assert "--standalone" not in argv
+    assert argv[4:10] == rendezvous
 
 
 HOSTILE = [

@@ -80,3 +80,18 @@ def tiny_target():
     from dflash.target import load_target
 
     return load_target("tiny", torch.device("cpu"), num_features=5, mask_token_id=None)
+
+
+TRAINED_STEPS = 2
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory) -> Path:
+    """The checkpoint folder of a short real training run (tiny target, 2 drafter layers,
+    run id t1), for the tests that export and read back drafters."""
+    folder = tmp_path_factory.mktemp("trained")
+    files = ["--checkpoint-dir", str(folder / "ck"), "--status-file", str(folder / "st.json")]
+    steps = ["--max-steps", str(TRAINED_STEPS), "--run-id", "t1"]
+    result = run_module("dflash.train", *FAST, "--gen-samples", "16", *steps, *files, cwd=folder)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return folder / "ck"

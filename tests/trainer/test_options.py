@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dflash.errors import ConfigError
+from dflash.flags import train_parser as build_parser
 from dflash.topology import parse_gpu_list, resolve_roles
-from dflash.train import build_parser
 
 from .conftest import run_module
 

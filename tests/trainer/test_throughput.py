@@ -15,3 +15,5 @@ def test_first_step_leaves_the_window_after_the_second(monkeypatch: pytest.Monke
     assert meter.add(1000) == pytest.approx(1000.0)
     assert meter.add(1000) == pytest.approx(1000.0)
     assert meter.last_step_s == pytest.approx(1.0)
+    # Two steps measured of a 20-step window: an early figure, which verify.yml does not judge.
+    assert meter.window == {"steps": 2, "size": 20}

@@ -115,8 +115,11 @@ def test_a_failed_launch_goes_back_to_the_newest_healthy_deployment_that_is_not_
     ]
     # v4 failed: back to v3, the newest healthy one.
     assert restore_target(history, releases, "v3", "v4", "d")["release"] == "v3"
-    # v3 relaunched with the same run.sh failed: not itself again, but v1.
-    assert restore_target(history, releases, "v3", "v3", "c")["release"] == "v1"
+    # v3 relaunched with the same run.sh failed: that was what ran, so there is nothing to go
+    # back to; the older v1 is not swapped in unasked (rollback.yml does that).
+    assert restore_target(history, releases, "v3", "v3", "c") == {}
+    # But after a rollback.yml to v1 failed (current still v3), v3 comes back.
+    assert restore_target(history, releases, "v3", "v1", "a")["release"] == "v3"
     # v3 with a new run.sh failed: v3 with its recorded run.sh.
     assert restore_target(history, releases, "v3", "v3", "x")["run_sh_sha256"] == "c"
     # A pruned release is no target; with no healthy one left, what was current (staged v2).
@@ -126,3 +129,37 @@ def test_a_failed_launch_goes_back_to_the_newest_healthy_deployment_that_is_not_
     assert restore_target([], [], None, "v1", "a") == {}
     # State from before history: the current release alone.
     assert restore_target([], ["v0"], "v0", "v1", "a") == {"release": "v0"}
+
+
+def test_export_lines_are_listed_but_never_taken_for_a_deployment():
+    from ansible.module_utils.dflash_state import (
+        deployment_index,
+        previous_deployment,
+        releases_to_prune,
+    )
+    from dflash_filters import release_findings
+
+    export = {
+        "time": "2026-11-30T13:00:00+00:00", "action": "export", "release": "v2",
+        "tree_sha256": "tree-v2", "lock_id": "lock-a", "result": "exported",
+        "export": {"name": "v2-step40", "step": 40},
+    }  # fmt: skip
+    history = [*HISTORY, export]
+    for selector, index in {"current": 3, "previous": 0, "fastest": 1, "last": 3, "v2": 3}.items():
+        assert select(history, "v2", selector) == select(HISTORY, "v2", selector) == index
+    with pytest.raises(SelectorError, match=r"#5 of history\.jsonl is an export, not a deployment"):
+        select(history, "v2", "5")
+    releases = ["v1", "v2", "v3"]
+    assert deployment_index(history, "v2") == deployment_index(HISTORY, "v2") == 3
+    assert previous_deployment(history, "v2", releases) == "v1"
+    assert releases_to_prune(history, releases, 1, {"v2"}) == ["v1", "v3"]
+    assert restore_target(history, releases, "v2", "v9", "sh-x")["action"] == "rollback"
+    # The line names current with its tree: verify sees no switch outside the toolkit.
+    facts = {"root_exists": True, "history": history,
+             "current": {"release": "v2", "manifest": {"tree_sha256": "tree-v2"}}}  # fmt: skip
+    assert release_findings(facts) == []
+
+    rows = listing(history)
+    assert (rows[-1]["action"], rows[-1]["result"]) == ("export", "exported")
+    assert rows[-1]["export"]["name"] == "v2-step40"
+    assert history_lines(rows)[-1].split()[2:4] == ["export", "v2"]

@@ -41,3 +41,28 @@ def test_prune_keeps_recent_good_ones_and_protected():
 def test_prune_counts_a_redeployed_release_once_by_its_newest_use():
     history = [entry("v1"), entry("v2"), entry("v1", action="rollback")]
     assert releases_to_prune(history, ["v1", "v2"], keep=1, protected=set()) == ["v2"]
+
+
+def line(release: str, run_id: str | None, action: str = "deploy", result: str = "healthy"):
+    return {"release": release, "tree_sha256": f"tree-{release}", "run_sh_sha256": "run",
+            "lock_id": "lock", "run_id": run_id, "action": action, "result": result}  # fmt: skip
+
+
+def test_a_deployment_is_recorded_once_against_the_newest_deployment_line():
+    from ansible.module_utils.dflash_record import already_recorded
+
+    history = [line("v1", "r1")]
+    # The launch wrote it; the record step (or a rerun that adopted the run) writes no second.
+    assert already_recorded(history, line("v1", "r1"))
+    assert not already_recorded(history, line("v1", "r2"))  # a restarted trainer: a new run
+    # A failed deploy or an export after it does not hide it.
+    history += [line("crash", None, result="rolled_back"), line("v1", None, action="export")]
+    assert already_recorded(history, line("v1", "r1", action="rollback"))
+    # v2 staged (no trainer of its own), then a rollback to v1 whose run r1 still trains: r1
+    # was recorded before, but the newest line says v2, so the rollback is a new line.
+    history.append(line("v2", None, result="deployed"))
+    assert already_recorded(history, line("v2", None, result="deployed"))
+    assert not already_recorded(history, line("v1", "r1", action="rollback"))
+    # A failed result is never "already recorded" (it is written as it happens).
+    assert not already_recorded(history, line("v2", None, result="failed"))
+    assert not already_recorded([], line("v1", "r1"))

@@ -17,7 +17,10 @@ def facts(**overrides) -> dict:
             "manifest_consistent": True,
         },
         "files": {"changed": [], "missing": [], "extra": []},
-        "history": [{"release": "v1", "tree_sha256": "t1"}, {"release": "v2", "tree_sha256": "t2"}],
+        "history": [
+            {"release": "v1", "tree_sha256": "t1", "result": "healthy"},
+            {"release": "v2", "tree_sha256": "t2", "result": "healthy"},
+        ],
     }
     base.update(overrides)
     return base
@@ -51,6 +54,35 @@ def test_missing_root_and_dangling_current_are_release_findings():
 def test_edited_manifest_and_switch_outside_the_toolkit():
     current = dict(facts()["current"], manifest_consistent=False)
     assert [f["kind"] for f in dflash_findings(facts(current=current))] == ["release"]
-    switched = facts(history=[{"release": "v2", "tree_sha256": "t2"}, {"release": "v1"}])
+    switched = facts(
+        history=[
+            {"release": "v2", "tree_sha256": "t2", "result": "healthy"},
+            {"release": "v1", "result": "healthy"},
+            # A failed line does not make its release current: the switch is still named.
+            {"release": "v3", "result": "failed"},
+        ]
+    )
     [finding] = dflash_findings(switched)
     assert finding["expected"] == "v1" and finding["found"] == "v2"
+
+
+def test_a_run_in_progress_or_interrupted_is_named_instead_of_a_switch():
+    holder = {"user": "u", "host": "ctl", "pid": 4242, "boot_id": "other-kernel"}
+    lock = {"action": "deploy", "release": "v2", "phase": "launch", "holder": holder}
+    history = [{"release": "v1", "tree_sha256": "t1", "result": "healthy"}]
+    # The holder is known dead (the target saw its process gone): interrupted, not "switched".
+    dead = dflash_findings(facts(history=history, deploy_lock=dict(lock, holder_alive=False)))
+    assert [(f["kind"], f["state"]) for f in dead] == [("release", "interrupted")]
+    assert "deploy of v2" in dead[0]["found"] and "phase launch" in dead[0]["found"]
+    # Alive, or not knowable but renewed recently: in progress.
+    live = dflash_findings(facts(deploy_lock=dict(lock, holder_alive=None, age_s=5)))
+    assert [f["state"] for f in live] == ["in_progress"]
+    # Silent for longer than the lease: interrupted.
+    silent = dict(lock, holder_alive=None, age_s=4000)
+    assert dflash_findings(facts(deploy_lock=silent), 60, 1800)[0]["state"] == "interrupted"
+
+
+def test_current_that_is_not_a_link_is_named():
+    current = dict(facts()["current"], release=None, link=None, not_a_link=True)
+    [finding] = dflash_findings(facts(current=current))
+    assert finding["kind"] == "release" and "not a link" in finding["found"]

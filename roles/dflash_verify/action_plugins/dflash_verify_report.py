@@ -1,10 +1,11 @@
-# Writes verify.yml's JSON and JUnit reports on the controller, inside the controller's own
-# process: no module run, so the reports cost milliseconds instead of a module round trip each.
+# Writes verify.yml's JSON, JUnit and Prometheus reports on the controller, inside the
+# controller's own process: no module run, so they cost milliseconds instead of a round trip.
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+import time
 import xml.etree.ElementTree as ElementTree
 from typing import Any
 
@@ -14,25 +15,37 @@ from ansible.plugins.action import ActionBase
 DOCUMENTATION = r"""
 ---
 module: dflash_verify_report
-short_description: Write verify.yml's JSON and JUnit reports on the controller
+short_description: Write verify.yml's JSON, JUnit and Prometheus reports on the controller
 description:
   - Runs on the controller only (an action plugin, no module is sent anywhere). Creates the
-    reports' folders and writes both files atomically (a temp file, then a rename). The reports
-    are outputs of the audit, not changes to a target, so it always reports C(changed=false) and
-    writes in check mode too.
+    reports' folders and writes every file atomically (a temp file in the same folder, then a
+    rename, as node_exporter's textfile collector needs). The reports are outputs of the
+    audit, not changes to a target, so it always reports C(changed=false) and writes in check
+    mode too.
 options:
   report:
-    description: host -> C(verdict) (ok, drift, unreachable), C(release), C(findings).
+    description:
+      - host -> C(verdict) (ok, drift, unreachable), C(release), C(findings), and the figures
+        C(trainer), C(throughput), C(gpu) and C(checks) of filter_plugins/dflash_verify.py.
     type: dict
     required: true
   json_path:
-    description: Where the JSON report goes (C({"hosts": report})).
+    description: "Where the JSON report goes: an object with the key C(hosts) holding the report."
     type: path
     required: true
   junit_path:
-    description: Where the JUnit report goes (one test case per host).
+    description: Where the JUnit report goes (one test case per host, its figures as properties).
     type: path
     required: true
+  prom_path:
+    description:
+      - Where the Prometheus text-format metrics go (a C(.prom) file for node_exporter's
+        textfile collector); none when left out.
+    type: path
+attributes:
+  check_mode:
+    support: full
+    description: Writes the reports in check mode too; they change no target.
 author: dflash-deploy
 """
 
@@ -42,6 +55,7 @@ EXAMPLES = r"""
     report: "{{ dflash_verify_report }}"
     json_path: reports/verify.json
     junit_path: reports/verify.junit.xml
+    prom_path: /var/lib/prometheus/node-exporter/dflash.prom
   run_once: true
 """
 
@@ -54,14 +68,25 @@ junit_path:
   description: The JUnit report written.
   type: str
   returned: success
+prom_path:
+  description: The Prometheus metrics written.
+  type: str
+  returned: when prom_path is given
 """
+
+# Every finding kind (README.md, verify.yml): each is a series, 0 when absent, so an alert
+# on one kind needs no `absent()`.
+KINDS = ("code", "release", "stale_process", "duplicate_trainer", "not_running",
+         "heartbeat_stale", "environment", "run_script", "cache", "throughput", "gpu")  # fmt: skip
+VERDICTS = ("ok", "drift", "unreachable")
+REFERENCES = ("health_check", "fastest")
 
 
 def _what(item: dict) -> str:
     for key in ("path", "package", "pid"):
         if item.get(key) not in (None, ""):
             return str(item[key])
-    return ""
+    return f"GPU {item['gpu']}" if item.get("gpu") is not None else ""
 
 
 def junit_xml(report: dict[str, dict]) -> bytes:
@@ -77,6 +102,11 @@ def junit_xml(report: dict[str, dict]) -> bytes:
     )
     for host, result in sorted(report.items()):
         case = ElementTree.SubElement(suite, "testcase", classname="dflash.verify", name=host)
+        figures = host_figures(result)
+        if figures:
+            properties = ElementTree.SubElement(case, "properties")
+            for name, value in figures.items():
+                ElementTree.SubElement(properties, "property", name=name, value=str(value))
         if result.get("verdict") == "unreachable":
             ElementTree.SubElement(
                 case, "error", message=f"{host} could not be read (unreachable or failed)"
@@ -96,6 +126,91 @@ def junit_xml(report: dict[str, dict]) -> bytes:
     return ElementTree.tostring(suite, encoding="UTF-8", xml_declaration=True) + b"\n"
 
 
+def host_figures(result: dict) -> dict[str, Any]:
+    """The figures of a host's test case: tokens/s now, at the health check and of the
+    fastest comparable deployment, the slowest stage, the trainer's step and age, and what
+    each check could look at."""
+    trainer = result.get("trainer") or {}
+    speed = result.get("throughput") or {}
+    slowest = speed.get("slowest_stage") or {}
+    figures: dict[str, Any] = {
+        "tokens_per_s": speed.get("tokens_per_s"),
+        "health_check_tokens_per_s": (speed.get("health_check") or {}).get("tokens_per_s"),
+        "fastest_tokens_per_s": (speed.get("fastest") or {}).get("tokens_per_s"),
+        "slowest_stage": f"{slowest['name']} {slowest['seconds']} s" if slowest else None,
+        "step": trainer.get("step"),
+        "trainer_age_s": trainer.get("age_s"),
+        "status_age_s": trainer.get("heartbeat_age_s"),
+    }
+    figures.update({f"check.{name}": text for name, text in (result.get("checks") or {}).items()})
+    return {name: value for name, value in figures.items() if value is not None}
+
+
+def prometheus_text(report: dict[str, dict], now: float) -> bytes:
+    """The report as Prometheus text-format metrics, one series per host and label."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    registry = CollectorRegistry()
+
+    def gauge(name: str, text: str, *labels: str) -> Gauge:
+        return Gauge(name, text, ("host", *labels), registry=registry)
+
+    Gauge(
+        "dflash_verify_timestamp_seconds",
+        "When verify.yml wrote this report (unix time).",
+        registry=registry,
+    ).set(now)
+    verdict = gauge(
+        "dflash_verify_verdict", "1 for the host's verdict, 0 for the others.", "verdict"
+    )
+    findings = gauge("dflash_verify_findings", "Findings of each kind on the host.", "kind")
+    applies = gauge(
+        "dflash_verify_check_applicable",
+        "1 when the check could judge the host (gpu: nvidia-smi and GPUs in the "
+        "layout; throughput: a running trainer with a full window).",
+        "check",
+    )
+    speed = gauge("dflash_trainer_tokens_per_second", "The running trainer's tokens/s now.")
+    reference = gauge(
+        "dflash_trainer_reference_tokens_per_second",
+        "tokens/s of this deployment's health check and of the fastest healthy "
+        "deployment of the same layout and shape.",
+        "reference",
+    )
+    ratio = gauge(
+        "dflash_trainer_throughput_ratio", "tokens/s now over each reference.", "reference"
+    )
+    step = gauge("dflash_trainer_step", "The running trainer's training step.")
+    age = gauge("dflash_trainer_status_age_seconds", "Age of the trainer's status.json.")
+    stage = gauge("dflash_trainer_stage_seconds", "Seconds per step of each stage now.", "stage")
+    for host, result in sorted(report.items()):
+        for name in VERDICTS:
+            verdict.labels(host, name).set(int(result.get("verdict") == name))
+        kinds = [str(item.get("kind")) for item in result.get("findings") or []]
+        for kind in dict.fromkeys((*KINDS, *kinds)):
+            findings.labels(host, kind).set(kinds.count(kind))
+        throughput = result.get("throughput") or {}
+        applies.labels(host, "throughput").set(int(bool(throughput.get("judged"))))
+        applies.labels(host, "gpu").set(int(bool((result.get("gpu") or {}).get("applies"))))
+        if throughput.get("tokens_per_s") is not None:
+            speed.labels(host).set(throughput["tokens_per_s"])
+        for name in REFERENCES:
+            figure = (throughput.get(name) or {}).get("tokens_per_s")
+            if figure is not None:
+                reference.labels(host, name).set(figure)
+            if (throughput.get("ratios") or {}).get(name) is not None:
+                ratio.labels(host, name).set(throughput["ratios"][name])
+        for name, seconds in (throughput.get("stages") or {}).items():
+            if seconds is not None:
+                stage.labels(host, name).set(seconds)
+        trainer = result.get("trainer") or {}
+        if trainer.get("step") is not None:
+            step.labels(host).set(trainer["step"])
+        if trainer.get("heartbeat_age_s") is not None:
+            age.labels(host).set(trainer["heartbeat_age_s"])
+    return generate_latest(registry)
+
+
 def write_atomically(path: str, data: bytes) -> None:
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
@@ -113,7 +228,7 @@ def write_atomically(path: str, data: bytes) -> None:
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("report", "json_path", "junit_path"))
+    _VALID_ARGS = frozenset(("report", "json_path", "junit_path", "prom_path"))
     _supports_check_mode = True
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
@@ -123,6 +238,7 @@ class ActionModule(ActionBase):
                 "report": {"type": "dict", "required": True},
                 "json_path": {"type": "path", "required": True},
                 "junit_path": {"type": "path", "required": True},
+                "prom_path": {"type": "path"},
             }
         )
         report = args["report"]
@@ -132,7 +248,15 @@ class ActionModule(ActionBase):
                 (json.dumps({"hosts": report}, indent=4, sort_keys=True) + "\n").encode(),
             )
             write_atomically(args["junit_path"], junit_xml(report))
+            if args["prom_path"]:
+                write_atomically(args["prom_path"], prometheus_text(report, time.time()))
+                result["prom_path"] = args["prom_path"]
         except OSError as err:
             raise AnsibleActionFail(f"cannot write the verify reports: {err}") from err
+        except ImportError as err:
+            raise AnsibleActionFail(
+                f"cannot write {args['prom_path']}: {err}; install prometheus-client into the "
+                "controller's Python (it is in pyproject.toml) or set dflash_verify_prom: ''"
+            ) from err
         result.update(changed=False, json_path=args["json_path"], junit_path=args["junit_path"])
         return result

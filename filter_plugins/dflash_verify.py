@@ -1,0 +1,261 @@
+# Controller-side filters of verify.yml for the running trainer's speed: the `throughput`
+# finding, and the per-host figures of the table and the reports (trainer, tokens/s beside
+# its references, what each check looked at). The `gpu` finding is in dflash_verify_gpu.py.
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+# The GPU judgement lives with the modules' shared code; filters run on the controller.
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
+)
+from dflash_gpu import judge_facts
+
+RUNNING = ("running", "checkpointing")
+# The trainer's window (dflash/train.py Throughput) for status files that do not say it.
+DEFAULT_WINDOW = 20
+DIFF_FASTEST = "ansible-playbook diff.yml -e dflash_diff_from=fastest"
+
+
+def finding(kind: str, expected: Any, found: Any, hint: str, **extra: Any) -> dict:
+    return {"kind": kind, "expected": expected, "found": found, "hint": hint, **extra}
+
+
+def _speed(value: Any) -> str:
+    return f"{value:.0f}" if isinstance(value, (int, float)) else "-"
+
+
+def _trainer(facts: dict) -> tuple[dict, dict] | None:
+    """The leader and status of the trainer to judge: the one trainer.json names, else the
+    first with a status file (several at once are the duplicate_trainer finding)."""
+    groups: dict[int, list[dict]] = {}
+    for proc in (facts.get("trainers") or {}).get("processes") or []:
+        groups.setdefault(proc.get("job", proc["pid"]), []).append(proc)
+    run_id = ((facts.get("trainers") or {}).get("record") or {}).get("run_id")
+    chosen = None
+    for group in groups.values():
+        status = next((p["status"] for p in group if p.get("status")), None)
+        if status and (chosen is None or status.get("run_id") == run_id):
+            chosen = (min(group, key=lambda p: p["pid"]), status)
+    if chosen is None and groups:
+        chosen = (min(next(iter(groups.values())), key=lambda p: p["pid"]), {})
+    return chosen
+
+
+def trainer_summary(facts: dict) -> dict | None:
+    found = _trainer(facts)
+    if found is None:
+        return None
+    leader, status = found
+    return {
+        "pid": leader["pid"],
+        "run_id": status.get("run_id") or leader.get("run_id"),
+        "state": status.get("state"),
+        "step": status.get("step"),
+        "started_at": leader.get("started_at"),
+        "age_s": leader.get("age_s"),
+        "heartbeat_age_s": leader.get("heartbeat_age_s"),
+    }
+
+
+def _window(status: dict) -> dict:
+    window = status.get("throughput_window")
+    if window:
+        return window
+    # An older trainer: the steps of this run but its first (compilation), up to the window.
+    done = (status.get("step") or 0) - (status.get("resumed_from_step") or 0) - 1
+    return {"steps": max(0, min(done, DEFAULT_WINDOW)), "size": DEFAULT_WINDOW}
+
+
+def slowest_stage(stages: dict | None) -> dict | None:
+    timed = {k: v for k, v in (stages or {}).items() if k != "step" and v is not None}
+    if not timed:
+        return None
+    name = max(timed, key=timed.__getitem__)
+    return {"name": name, "seconds": timed[name]}
+
+
+def grown_stage(now: dict | None, then: dict | None) -> str:
+    """Which stage's seconds per step grew most since the health check, as a hint."""
+    if not then:
+        slowest = slowest_stage(now)
+        return (
+            f"slowest stage now: {slowest['name']} {slowest['seconds']:.3f} s per step (no "
+            "stages recorded at the health check)"
+            if slowest
+            else "no stage times in status.json"
+        )
+    now = now or {}
+    growth = {
+        name: now[name] - then[name]
+        for name in now
+        if name != "step" and now.get(name) is not None and then.get(name) is not None
+    }
+    step_then, step_now = then.get("step"), now.get("step")
+    step_growth = (step_now or 0) - (step_then or 0)
+    name = max(growth, key=growth.__getitem__) if growth else None
+    # Time that no timed stage took: data, sleeps, a process stopped or starved of CPU.
+    if name is None or growth[name] < step_growth / 2:
+        return (
+            f"the time went outside the timed stages: a step took {step_then} s at the health "
+            f"check, {step_now} s now (data, sleeps, a stopped or starved process)"
+        )
+    return f"stage {name} grew most: {then[name]:.3f} -> {now[name]:.3f} s per step"
+
+
+def throughput_view(facts: dict, min_ratio: float = 0.8, heartbeat_max_age: float = 60) -> dict:
+    """The running trainer's tokens/s beside the figures it is judged against; `judged` says
+    whether a verdict can be given, `note` why not (or over what it was given)."""
+    refs = facts.get("throughput_references") or {}
+    view: dict = {
+        "tokens_per_s": None,
+        "window": None,
+        "health_check": refs.get("health_check"),
+        "fastest": refs.get("fastest"),
+        "ratios": {},
+        "stages": None,
+        "slowest_stage": None,
+        "min_ratio": min_ratio,
+        "judged": False,
+    }
+    found = _trainer(facts)
+    if found is None:
+        return dict(view, note="no trainer runs")
+    leader, status = found
+    tree = ((facts.get("current") or {}).get("manifest") or {}).get("tree_sha256")
+    if status.get("state") not in RUNNING:
+        return dict(view, note=f"the trainer is {status.get('state') or 'without status.json'}")
+    if status.get("code_tree_sha256") != tree:
+        return dict(view, note="the trainer runs another release than current")
+    now = status.get("tokens_per_s")
+    view.update(
+        tokens_per_s=now,
+        window=_window(status),
+        stages=status.get("stages"),
+        slowest_stage=slowest_stage(status.get("stages")),
+    )
+    for key in ("health_check", "fastest"):
+        then = (view[key] or {}).get("tokens_per_s")
+        if isinstance(now, (int, float)) and then:
+            view["ratios"][key] = round(now / then, 3)
+    age = leader.get("heartbeat_age_s")
+    if age is not None and age > heartbeat_max_age:
+        return dict(view, note=f"status.json is {age:g} s old (heartbeat_stale): not judged")
+    steps, size = view["window"]["steps"], view["window"]["size"]
+    if size and steps < size:
+        return dict(view, note=f"too early to judge: {steps} of {size} steps measured")
+    if not view["ratios"]:
+        return dict(view, note="no health-check tokens/s recorded for this deployment")
+    if min_ratio <= 0:
+        return dict(view, note="not judged: dflash_verify_min_throughput_ratio is 0")
+    return dict(view, judged=True, note=f"judged over the last {steps} steps")
+
+
+def _named(ref: dict) -> str:
+    return f"#{ref['number']} {ref['release']}, {ref['time']}"
+
+
+def throughput_findings(
+    facts: dict, min_ratio: float = 0.8, heartbeat_max_age: float = 60
+) -> list[dict]:
+    """`throughput` when the running trainer's tokens/s is under `min_ratio` of its health
+    check or of the fastest healthy deployment of the same layout and shape."""
+    view = throughput_view(facts, min_ratio, heartbeat_max_age)
+    ratios = view["ratios"]
+    if not view["judged"] or all(ratio >= min_ratio for ratio in ratios.values()):
+        return []
+    check, fastest = view["health_check"], view["fastest"]
+    expected, found = [], []
+    if check:
+        expected.append(
+            f">= {min_ratio:g} x {_speed(check['tokens_per_s'])} tokens/s "
+            f"(health check of {_named(check)})"
+        )
+        found.append(f"x{ratios['health_check']:g} of the health check")
+    if fastest:
+        which = "this deployment" if fastest.get("current") else _named(fastest)
+        expected.append(
+            f">= {min_ratio:g} x {_speed(fastest['tokens_per_s'])} tokens/s "
+            f"(fastest of this layout and shape: {which})"
+        )
+        found.append(f"x{ratios['fastest']:g} of the fastest")
+    trainer = trainer_summary(facts) or {}
+    host_changed = (
+        "nothing was deployed since it ran fast: look at the host (the gpu finding, other "
+        "processes); "
+        if fastest and fastest.get("current")
+        else ""
+    )
+    return [
+        finding(
+            "throughput",
+            "; ".join(expected),
+            f"{_speed(view['tokens_per_s'])} tokens/s over the last {view['window']['steps']} "
+            f"steps at step {trainer.get('step')} ({', '.join(found)})",
+            f"{grown_stage(view['stages'], (check or {}).get('stages'))}; {host_changed}"
+            f"what changed since the fastest: {DIFF_FASTEST}",
+            pid=trainer.get("pid"),
+            tokens_per_s=view["tokens_per_s"],
+            health_check=check,
+            fastest=fastest,
+            ratios=ratios,
+        )
+    ]
+
+
+def verify_summary(facts: dict, min_ratio: float = 0.8, heartbeat_max_age: float = 60) -> dict:
+    """The per-host figures of the table and the reports: the trainer, its throughput beside
+    its references, and what each check could look at (`checks`)."""
+    throughput = throughput_view(facts, min_ratio, heartbeat_max_age)
+    gpus = judge_facts(facts)
+    gpu_check = (
+        f"checked GPUs {','.join(map(str, gpus['gpus']))} (pids as seen "
+        f"{'here' if gpus['pids'] == 'here' else 'by the node'})"
+        if gpus["applies"]
+        else f"not applicable: {gpus['why']}"
+    )
+    return {
+        "trainer": trainer_summary(facts),
+        "throughput": throughput,
+        "gpu": {key: gpus[key] for key in ("applies", "why", "gpus", "pids") if key in gpus},
+        "checks": {"throughput": throughput["note"], "gpu": gpu_check},
+    }
+
+
+def _reference(ref: dict | None, ratio: float | None) -> str:
+    if not ref:
+        return "-"
+    which = "this deployment" if ref.get("current") else f"#{ref['number']} {ref['release']}"
+    return f"{_speed(ref['tokens_per_s'])} ({which}{f', x{ratio:g}' if ratio else ''})"
+
+
+def verify_summary_lines(summary: dict) -> list[str]:
+    """The trainer, its tokens/s against its health check and the fastest comparable, and the
+    checks that could not apply, as lines above the findings table."""
+    trainer, speed = summary.get("trainer"), summary["throughput"]
+    lines = []
+    if trainer:
+        lines.append(
+            f"trainer: pid {trainer['pid']}, {trainer['state']}, step {trainer['step']}, "
+            f"up {trainer['age_s']} s, status.json {trainer['heartbeat_age_s']} s old"
+        )
+    slowest = speed.get("slowest_stage")
+    lines.append(
+        f"tokens/s: now {_speed(speed['tokens_per_s'])} | health check "
+        f"{_reference(speed['health_check'], speed['ratios'].get('health_check'))} | fastest "
+        f"{_reference(speed['fastest'], speed['ratios'].get('fastest'))} | slowest stage "
+        + (f"{slowest['name']} {slowest['seconds']:.3f} s" if slowest else "-")
+    )
+    lines.extend(f"check {name}: {text}" for name, text in summary["checks"].items())
+    return lines
+
+
+class FilterModule:
+    def filters(self) -> dict:
+        return {
+            "dflash_throughput_findings": throughput_findings,
+            "dflash_verify_summary": verify_summary,
+            "dflash_verify_summary_lines": verify_summary_lines,
+        }

@@ -1,0 +1,161 @@
+#!/usr/bin/python
+# The target side of the deploy lock: take it, give it up, or read it (README "One run at a
+# time"). The action plugin of the same name (roles/dflash_deploy_lock) decides on the
+# controller whether a holder is dead and may be replaced.
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: dflash_deploy_lock
+short_description: Take, release or read the deploy lock of a dflash state root
+description:
+  - C(<root>/.deploy.lock) names the run that holds the state root (its ansible-playbook
+    process, user, host, action, release, phase and when it last renewed the lock). One
+    deploy, rollback or stop holds it at a time; the modules that change the state check the
+    holder's token before each change.
+  - Normally run through the action plugin of the same name (role dflash_deploy_lock), which
+    adds the controller's identity, waits a bounded time for a busy lock and takes over the lock
+    of a holder that is dead (its process is gone) or silent longer than allowed.
+  - Creates the state root when it is missing (its parent must exist); a run that created it
+    removes it again on release when nothing else was put there.
+options:
+  root:
+    description: State root on the target (absolute, no whitespace, no C(..)).
+    type: path
+    required: true
+  state:
+    description:
+      - C(acquired) takes the lock (or answers who holds it), C(released) gives it up (only the
+        holder's token can), C(status) only reads it.
+    type: str
+    choices: [acquired, released, status]
+    default: acquired
+  token:
+    description: The holder's token (the action plugin derives it from the controller's process).
+    type: str
+  holder:
+    description: Who holds it (user, host, pid, pid_start, boot_id, pid_ns).
+    type: dict
+    default: {}
+  action:
+    description: What the holder does.
+    type: str
+    choices: [deploy, rollback, stop]
+    default: deploy
+  release:
+    description: The release the holder deploys, when known.
+    type: str
+  take_over:
+    description: Token of a holder judged dead or expired; only that holder's lock is replaced.
+    type: str
+attributes:
+  check_mode:
+    support: full
+    details: In check mode only C(status) runs; the lock is read, never written.
+author: dflash-deploy
+"""
+
+EXAMPLES = r"""
+- name: Take the deploy lock (through the action plugin)
+  dflash_deploy_lock:
+    root: /opt/dflash
+    action: deploy
+"""
+
+RETURN = r"""
+acquired:
+  description: Whether the lock is now held by I(token).
+  type: bool
+  returned: when state is acquired
+held_by:
+  description: The lock of another run, with C(age_s) (seconds since it was renewed).
+  type: dict
+  returned: when another run holds it
+taken_over:
+  description: The lock of the run that was replaced (its holder was dead or silent).
+  type: dict
+  returned: when a lock was taken over
+lock:
+  description: The lock document as it is now (state status, or the one just taken).
+  type: dict
+  returned: always
+released:
+  description: Whether this call gave the lock up.
+  type: bool
+  returned: when state is released
+"""
+
+import os
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_deploy_lock import acquire, read_lock, release
+
+
+def root_problem(root: str) -> str | None:
+    if not root.startswith("/") or re.search(r"\s", root) or re.search(r"(^|/)\.\.(/|$)", root):
+        return "must be an absolute path without whitespace or '..'; e.g. dflash_root: /opt/dflash"
+    parent = os.path.dirname(os.path.normpath(root))
+    if not os.path.isdir(parent):
+        return (
+            f"its parent folder '{parent}' does not exist. Create it first, or point dflash_root "
+            "at a folder under an existing one"
+        )
+    return None
+
+
+def run(module: AnsibleModule) -> dict:
+    params = module.params
+    root = params["root"]
+    problem = root_problem(root)
+    if problem:
+        raise ValueError(f"dflash_root '{root}': {problem}")
+    if params["state"] == "status" or module.check_mode:
+        return {"changed": False, "lock": read_lock(root)}
+    if not params["token"]:
+        raise ValueError("token is required to take or release the lock")
+    if params["state"] == "released":
+        return {"changed": False, "released": release(root, params["token"]), "lock": None}
+    try:
+        got = acquire(
+            root, params["token"], params["holder"], params["action"], params["release"],
+            take_over=params["take_over"],
+        )  # fmt: skip
+    except OSError as err:
+        raise ValueError(
+            f"dflash_root '{root}' is not writable ({err.strerror}): the deploy lock and every "
+            "release go there. Mount it writable, or point dflash_root at a writable folder"
+        ) from err
+    # A lock is not a change of the deployed state: a no-op deploy stays changed=0.
+    return {"changed": False, "lock": got.get("lock"), **got}
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "root": {"type": "path", "required": True},
+            "state": {
+                "type": "str",
+                "choices": ["acquired", "released", "status"],
+                "default": "acquired",
+            },
+            "token": {"type": "str"},
+            "holder": {"type": "dict", "default": {}},
+            "action": {
+                "type": "str",
+                "choices": ["deploy", "rollback", "stop"],
+                "default": "deploy",
+            },
+            "release": {"type": "str"},
+            "take_over": {"type": "str"},
+        },
+        supports_check_mode=True,
+    )
+    try:
+        module.exit_json(**run(module))
+    except ValueError as err:
+        module.fail_json(msg=str(err))
+
+
+if __name__ == "__main__":
+    main()

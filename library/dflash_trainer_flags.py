@@ -1,0 +1,109 @@
+#!/usr/bin/python
+# Checks a deployment's trainer flags with the parser of the very release being deployed, on the
+# controller, before anything changes on a target.
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: dflash_trainer_flags
+short_description: Check trainer flags against the release's own parser
+description:
+  - Runs on the controller (delegate_to localhost). Takes C(dflash/flags.py) out of the built
+    release archive and runs C(python -m dflash.flags check train FLAGS) with it, isolated from
+    the controller's own packages; it needs only the standard library, no torch.
+  - Names every unknown flag (with the closest known one) and every value of the wrong type,
+    as the trainer itself would refuse them at start.
+  - A release older than C(dflash/flags.py) cannot be checked; the result says so.
+options:
+  archive:
+    description: The release archive built by M(dflash_release_build).
+    type: path
+    required: true
+  flags:
+    description: The flags as run.sh passes them, one C([flag]) or C([flag, value]) per item.
+    type: list
+    elements: list
+    required: true
+attributes:
+  check_mode:
+    support: full
+    details: Reads the archive and runs the check; changes nothing anywhere.
+author: dflash-deploy
+"""
+
+EXAMPLES = r"""
+- name: Check the trainer flags against the release
+  dflash_trainer_flags:
+    archive: .build/releases/v1.4.0.tar.gz
+    flags: [["--max-steps", "100"], ["--compile-drafter"]]
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+checked:
+  description: Whether the release had a parser to check with.
+  type: bool
+  returned: always
+problems:
+  description: One message per bad flag; empty when the release's parser accepts them all.
+  type: list
+  elements: str
+  returned: always
+"""
+
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+NEEDED = ("dflash/__init__.py", "dflash/flags.py")
+
+
+def check(archive: str, argv: list[str]) -> dict:
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        if not set(NEEDED) <= names:
+            return {"checked": False, "problems": []}
+        with tempfile.TemporaryDirectory(prefix="dflash-flags-") as folder:
+            os.mkdir(os.path.join(folder, "dflash"))
+            for name in NEEDED:
+                member = tar.extractfile(name)
+                assert member is not None
+                with open(os.path.join(folder, name), "wb") as handle:
+                    handle.write(member.read())
+            # -E -s: none of the controller's PYTHON* variables or user site packages.
+            proc = subprocess.run(
+                [sys.executable, "-E", "-s", "-B", "-m", "dflash.flags", "check", "train", *argv],
+                cwd=folder, capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+    if proc.returncode not in (0, 2):
+        raise RuntimeError(
+            f"the release's dflash.flags ({archive}) exited {proc.returncode} before it could judge"
+            f" the flags, so this release's package does not even import: {proc.stderr[-1000:]}"
+        )
+    return {"checked": True, "problems": proc.stderr.strip().splitlines()}
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "archive": {"type": "path", "required": True},
+            "flags": {"type": "list", "elements": "list", "required": True},
+        },
+        supports_check_mode=True,
+    )
+    argv = [str(word) for group in module.params["flags"] for word in group]
+    try:
+        module.exit_json(changed=False, **check(module.params["archive"], argv))
+    except (OSError, tarfile.TarError, RuntimeError, subprocess.SubprocessError) as err:
+        module.fail_json(
+            msg=f"cannot check the trainer flags: {err}\nNothing was changed on the target; fix"
+            " the release and deploy it again."
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+#!/usr/bin/python
+# Fills the compile cache of one drafter GPU (python -m dflash.warmup), as long work that ends
+# with the play that asked for it.
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: dflash_warmup
+short_description: Compile the drafter step into the compile cache, on one GPU or the CPU
+description:
+  - Runs C(python -m dflash.warmup) of the release being deployed with
+    C(TORCHINDUCTOR_CACHE_DIR) and C(TRITON_CACHE_DIR) set to the cache folder, for one drafter
+    GPU (the role loops over them, one after another, so no two compilations race).
+  - The compile runs in its own process group and ends, as a whole, when its time is up or when
+    the run that holds the deploy lock loses it or dies, so a killed deploy leaves no
+    compilation running.
+options:
+  root:
+    description: State root on the target (holds the deploy lock).
+    type: path
+    required: true
+  python:
+    description: The env's interpreter.
+    type: path
+    required: true
+  code_dir:
+    description: The release folder to import dflash from.
+    type: path
+    required: true
+  cache_dir:
+    description: The compile cache folder.
+    type: path
+    required: true
+  flags:
+    description: The trainer flags that shape the compiled step.
+    type: list
+    elements: str
+    default: []
+  gpu:
+    description: The drafter GPU to warm; none warms the CPU.
+    type: int
+  timeout:
+    description: Seconds the compilation may take.
+    type: int
+    default: 1800
+  token:
+    description: The deploy lock's token of this run (M(dflash_deploy_lock)).
+    type: str
+attributes:
+  check_mode:
+    support: full
+    details: Compiles nothing; reports that it would.
+author: dflash-deploy
+"""
+
+EXAMPLES = r"""
+- name: Warm GPU 4
+  dflash_warmup:
+    root: /opt/dflash
+    python: /opt/dflash/envs/lock-0123/bin/python
+    code_dir: /opt/dflash/releases/v1.4.0
+    cache_dir: /opt/dflash/cache/0123456789abcdef
+    flags: [--target-model, /models/qwen3-8b, --compile-drafter]
+    gpu: 4
+"""
+
+RETURN = r"""
+seconds:
+  description: How long the compilation took.
+  type: float
+  returned: when run
+output:
+  description: The last lines the warmup printed.
+  type: str
+  returned: when run
+"""
+
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_deploy_lock import LockError, Watchdog
+from ansible.module_utils.dflash_guarded import CommandError, run_checked
+
+
+def run(module: AnsibleModule) -> dict:
+    params = module.params
+    if module.check_mode:
+        return {"changed": True}
+    argv = [params["python"], "-m", "dflash.warmup", *params["flags"]]
+    if params["gpu"] is not None:
+        argv += ["--drafter-gpus", str(params["gpu"])]
+    env = dict(
+        os.environ,
+        TORCHINDUCTOR_CACHE_DIR=params["cache_dir"],
+        TRITON_CACHE_DIR=os.path.join(params["cache_dir"], "triton"),
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    what = "the warmup of " + (f"GPU {params['gpu']}" if params["gpu"] is not None else "the CPU")
+    started = time.monotonic()
+    with Watchdog(params["root"], params["token"]) as dog:
+        out = run_checked(
+            argv, params["timeout"], what, env=env, check=dog.check, cwd=params["code_dir"],
+            timeout_name="dflash_compile_cache_warm_timeout",
+        )  # fmt: skip
+    return {
+        "changed": True,
+        "seconds": round(time.monotonic() - started, 1),
+        "output": "\n".join(out.splitlines()[-10:]),
+    }
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "root": {"type": "path", "required": True},
+            "python": {"type": "path", "required": True},
+            "code_dir": {"type": "path", "required": True},
+            "cache_dir": {"type": "path", "required": True},
+            "flags": {"type": "list", "elements": "str", "default": []},
+            "gpu": {"type": "int"},
+            "timeout": {"type": "int", "default": 1800},
+            "token": {"type": "str", "no_log": False},
+        },
+        supports_check_mode=True,
+    )
+    try:
+        module.exit_json(**run(module))
+    except (CommandError, LockError) as err:
+        module.fail_json(msg=str(err))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+# The launch's health check (README "deploy.yml", launch): the trainer's status.json must show
+# steps of this run with the deployed code, then its tokens/s must pass the throughput gate.
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ansible.module_utils.dflash_state import read_json
+
+LOG_TAIL_LINES = 40
+
+
+class LaunchError(Exception):
+    """A failed launch; `details` (run id, status, tokens/s) go back with the message."""
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def log_tail(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return "".join(handle.readlines()[-LOG_TAIL_LINES:])
+    except OSError:
+        return "(no log)"
+
+
+def wait_healthy(
+    exit_code: Callable[[], int | None], status_path: str, log_path: str, tree: str,
+    timeout: int, steps: int, check: Callable[[], None] = lambda: None,
+) -> dict:  # fmt: skip
+    """status.json once it says `running` after `steps` steps of this run with code `tree`.
+
+    `exit_code()` is None while the trainer lives; `check()` raises to abandon the wait (the
+    play that asked for it is gone)."""
+    deadline = time.monotonic() + timeout
+    status: dict = {}
+    while time.monotonic() < deadline:
+        check()
+        status = read_json(status_path) or status
+        code = exit_code()
+        if status.get("state") == "failed" or code is not None:
+            state = status.get("state") or "no status.json written"
+            how = "is still running" if code is None else f"exit code {code}"
+            raise LaunchError(
+                f"the trainer failed at start ({how}, state {state}); last lines of "
+                f"{log_path}:\n{log_tail(log_path)}"
+            )
+        # Steps of this run: a trainer that resumed a checkpoint starts from its step.
+        done = (status.get("step") or 0) - (status.get("resumed_from_step") or 0)
+        if status.get("state") == "running" and done >= steps:
+            if status.get("code_tree_sha256") != tree:
+                raise LaunchError(
+                    f"the trainer runs code tree {status.get('code_tree_sha256')}, but current "
+                    f"is {tree}: it did not import the deployed release; see {log_path}"
+                )
+            return status
+        time.sleep(0.2)
+    raise LaunchError(
+        f"fewer than {steps} training steps within {timeout} s (state "
+        f"{status.get('state') or 'no status.json yet'}, step {status.get('step', 0)}); raise "
+        f"dflash_health_timeout or read the log. Last lines of {log_path}:\n{log_tail(log_path)}"
+    )
+
+
+def throughput_problem(params: dict, tokens_per_s: float) -> str | None:
+    """Why a healthy-looking trainer is still too slow to keep, or None."""
+    floor = params["min_tokens_per_s"]
+    if floor and tokens_per_s < floor:
+        return (
+            f"throughput gate: {tokens_per_s:.1f} tokens/s is under the floor of {floor:g} "
+            "(dflash_min_tokens_per_s)"
+        )
+    ratio, baseline = params["min_throughput_ratio"], params["baseline_tokens_per_s"]
+    if ratio and baseline and tokens_per_s < ratio * baseline:
+        return (
+            f"throughput gate: {tokens_per_s:.1f} tokens/s is under {ratio:g} x {baseline:.1f} "
+            f"tokens/s of {params['baseline_name']} = {ratio * baseline:.1f} "
+            "(dflash_min_throughput_ratio)"
+        )
+    return None

@@ -1,0 +1,154 @@
+# Which deployments of a target ran the same workload, so that their tokens/s compare: the
+# shape of a deployment from its recorded run.sh values, its comparable healthy deployments,
+# the references verify's throughput finding judges a running trainer against, and the
+# baseline of the deploy's throughput gate. Pure functions, for modules and filters alike.
+from __future__ import annotations
+
+import statistics
+
+# The trainer's defaults (dflash/options.py) of the flags that fix what one step computes;
+# tests/unit/test_history_shape.py holds them against the trainer's parser.
+SHAPE_DEFAULTS: dict[str, object] = {
+    "target_model": "tiny",
+    "max_seq_len": 3072,
+    "num_anchors": 512,
+    "block_size": 16,
+    "drafter_layers": 5,
+}
+# --token-budget's default on the CPU; on a GPU it is --max-seq-len.
+CPU_TOKEN_BUDGET = 512
+# How many of the newest comparable healthy deployments the deploy's gate takes the median of.
+GATE_PEERS = 5
+
+
+def _flag_value(value: object) -> object:
+    """An inventory value as the trainer parses it: '4096' and 4096 are the same flag."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    text = str(value).strip()
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text.rstrip("/") or text  # a model folder named with or without its last slash
+
+
+def _nnodes(torchrun_args: list) -> str:
+    """torchrun's --nnodes (1, 2, or an elastic 1:4) from run.sh's torchrun arguments."""
+    args = [str(a) for a in torchrun_args]
+    for position, arg in enumerate(args):
+        if arg.startswith("--nnodes="):
+            return arg.split("=", 1)[1]
+        if arg == "--nnodes" and position + 1 < len(args):
+            return args[position + 1]
+    return "1"
+
+
+def shape_of(entry: dict) -> dict | None:
+    """What one training step of a deployment computes, and where: GPU mode and lists, nodes,
+    target model, tokens per step, sequence length, block size, anchors and drafter depth,
+    from its recorded run.sh values, with the trainer's defaults for the flags left out.
+    Two deployments of the same shape should train at the same tokens/s; anything else that
+    differs (code, env, other flags) is what diff.yml shows. None without run.sh values."""
+    run_sh = entry.get("run_sh") or {}
+    layout = run_sh.get("layout")
+    if not layout:
+        return None
+    args = {str(key): _flag_value(value) for key, value in
+            (run_sh.get("trainer_args") or {}).items() if value not in (None, False)}  # fmt: skip
+    shape = {key: args.get(key, default) for key, default in SHAPE_DEFAULTS.items()}
+    on_gpu = layout.get("mode") != "cpu"
+    shape["token_budget"] = args.get("token_budget") or (
+        shape["max_seq_len"] if on_gpu else CPU_TOKEN_BUDGET
+    )
+    shape.update(
+        mode=layout.get("mode"),
+        target_gpus=sorted(layout.get("target") or []),
+        drafter_gpus=sorted(layout.get("drafter") or []),
+        nnodes=_nnodes(run_sh.get("torchrun_args") or []),
+    )
+    return shape
+
+
+def rated(entry: dict) -> bool:
+    """A healthy deployment with the tokens/s its health check measured."""
+    speed = entry.get("tokens_per_s")
+    return (
+        entry.get("result") == "healthy"
+        and isinstance(speed, (int, float))
+        and not isinstance(speed, bool)
+        and speed > 0
+    )
+
+
+def comparable_indexes(history: list[dict], entry: dict) -> list[int]:
+    """Indexes (oldest first) of the healthy deployments with a tokens/s figure whose shape is
+    `entry`'s; `entry` itself among them when it is such a line of `history`."""
+    shape = shape_of(entry)
+    if shape is None:
+        return []
+    return [i for i, other in enumerate(history) if rated(other) and shape_of(other) == shape]
+
+
+def comparable(history: list[dict], entry: dict) -> list[dict]:
+    """The healthy deployments whose tokens/s compare with `entry`'s (comparable_indexes)."""
+    return [history[i] for i in comparable_indexes(history, entry)]
+
+
+def fastest_of(history: list[dict], indexes: list[int]) -> int | None:
+    # On a tie the newest: the one whose code and setup are still most likely on the target.
+    return max(indexes, key=lambda i: (history[i]["tokens_per_s"], i)) if indexes else None
+
+
+def fastest_comparable(history: list[dict], entry: dict) -> int | None:
+    """Index of the fastest healthy deployment of `entry`'s shape, or None."""
+    return fastest_of(history, comparable_indexes(history, entry))
+
+
+def reference(history: list[dict], index: int) -> dict:
+    """One deployment as a throughput reference: its number (as history.yml lists it),
+    release, time, the tokens/s and per-stage seconds its health check measured."""
+    entry = history[index]
+    return {
+        "number": index + 1,
+        "release": entry.get("release"),
+        "action": entry.get("action"),
+        "time": entry.get("time"),
+        "tokens_per_s": entry.get("tokens_per_s"),
+        "stages": entry.get("stages"),
+    }
+
+
+def throughput_references(history: list[dict], index: int | None) -> dict:
+    """What a running trainer of deployment `index` is compared with: that deployment's own
+    health check and the fastest comparable healthy deployment (`current` says whether that
+    is the same one). Either is None when history has no such figure."""
+    if index is None:
+        return {"health_check": None, "fastest": None}
+    fastest = fastest_comparable(history, history[index])
+    return {
+        "health_check": reference(history, index) if rated(history[index]) else None,
+        "fastest": None
+        if fastest is None
+        else dict(reference(history, fastest), current=fastest == index),
+    }
+
+
+def gate_baseline(history: list[dict], candidate: dict) -> dict:
+    """What the deploy's throughput gate compares a new trainer with: the median tokens/s of
+    the newest GATE_PEERS healthy deployments of the candidate's layout and shape (one figure
+    of one earlier run is noise on a shared host, and another shape is another workload).
+    `candidate` is a history line or the run.sh values of the deployment being made; {} when
+    there is nothing to compare with."""
+    peers = comparable(history, candidate)[-GATE_PEERS:]
+    if not peers:
+        return {}
+    median = statistics.median(float(e["tokens_per_s"]) for e in peers)
+    releases = ", ".join(str(e.get("release")) for e in peers)
+    return {
+        "tokens_per_s": round(median, 1),
+        "count": len(peers),
+        "name": f"the median of the {len(peers)} newest healthy deployments of this layout and "
+        f"shape ({releases})",
+    }

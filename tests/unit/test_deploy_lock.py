@@ -1,0 +1,154 @@
+"""The deploy lock's rules (module_utils/dflash_deploy_lock.py) with real files and real
+processes as holders: who may take it, who may write under it, and when a holder is dead."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from ansible.module_utils.dflash_deploy_lock import (
+    LOCK,
+    LockError,
+    Watchdog,
+    acquire,
+    fence,
+    held,
+    holder_alive,
+    kernel_identity,
+    read_lock,
+    release,
+    start_ticks,
+    token_of,
+)
+
+
+def holder_of(proc: subprocess.Popen) -> dict:
+    holder = {"user": "t", "host": "here", "pid": proc.pid, **kernel_identity()}
+    holder["pid_start"] = start_ticks(proc.pid)
+    return holder
+
+
+@pytest.fixture
+def sleeper():
+    """A real process to hold the lock; the test kills it to make a dead holder."""
+    procs: list[subprocess.Popen] = []
+
+    def make() -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        procs.append(proc)
+        return proc
+
+    yield make
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_one_holder_at_a_time_and_only_it_releases(tmp_path: Path, sleeper):
+    root = tmp_path / "dflash"
+    first, second = holder_of(sleeper()), holder_of(sleeper())
+    one, two = token_of(first), token_of(second)
+    assert one != two
+    got = acquire(str(root), one, first, "deploy", "v2")
+    assert got["acquired"] and got["taken_over"] is None and root.is_dir()
+    # The same run again (the next task) keeps it; another run is told who holds it.
+    assert acquire(str(root), one, first, "deploy", "v2")["acquired"]
+    refused = acquire(str(root), two, second, "deploy", "v3")
+    assert not refused["acquired"] and refused["held_by"]["release"] == "v2"
+    assert refused["held_by"]["holder"]["pid"] == first["pid"]
+    assert not release(str(root), two) and (root / LOCK).exists()
+    # The run that created the root leaves nothing behind when it changed nothing there.
+    assert release(str(root), one) and not root.exists()
+
+
+def test_a_dead_holder_is_seen_and_its_lock_taken_over_by_token(tmp_path: Path, sleeper):
+    root = tmp_path / "dflash"
+    root.mkdir()
+    proc = sleeper()
+    dead, live = holder_of(proc), holder_of(sleeper())
+    acquire(str(root), token_of(dead), dead, "deploy", "v2")
+    fence(str(root), token_of(dead), phase="launch")
+    assert holder_alive(dead) is True
+    proc.kill()
+    proc.wait()
+    lock = read_lock(str(root))
+    assert lock["holder_alive"] is False and lock["phase"] == "launch"
+    # Only a take-over that names the dead holder's token replaces it.
+    assert not acquire(str(root), token_of(live), live, "deploy", "v3", take_over="x")["acquired"]
+    got = acquire(str(root), token_of(live), live, "deploy", "v3", take_over=token_of(dead))
+    assert got["acquired"] and got["taken_over"]["phase"] == "launch"
+    # The old run can no longer write: its fence fails and names the new holder.
+    with pytest.raises(LockError, match="deploy of v3"):
+        fence(str(root), token_of(dead), phase="record")
+
+
+def test_another_kernel_or_pid_namespace_is_unknowable(tmp_path: Path):
+    foreign = {"pid": os.getpid(), "pid_start": start_ticks(os.getpid()), "boot_id": "other"}
+    assert holder_alive(foreign) is None
+    here = dict(foreign, **kernel_identity())
+    assert holder_alive(here) is True
+    assert holder_alive(dict(here, pid_start=1)) is False  # a reused pid
+
+
+def test_a_torn_lock_file_is_replaced(tmp_path: Path, sleeper):
+    root = tmp_path / "dflash"
+    root.mkdir()
+    (root / LOCK).write_text('{"token": "abc", "holder"')
+    holder = holder_of(sleeper())
+    got = acquire(str(root), token_of(holder), holder, "stop", None)
+    assert got["acquired"] and got["taken_over"]["torn"]
+    assert json.loads((root / LOCK).read_text())["action"] == "stop"
+
+
+def test_held_without_a_token_takes_and_gives_back_its_own(tmp_path: Path, sleeper):
+    root = tmp_path / "dflash"
+    root.mkdir()
+    with held(str(root), None, "deploy", "unpack"):
+        assert read_lock(str(root))["phase"] == "locked"
+    assert read_lock(str(root)) is None
+    other = holder_of(sleeper())
+    acquire(str(root), token_of(other), other, "deploy", "v9")
+    with pytest.raises(LockError, match="deploy of v9"), held(str(root), None, "deploy", "x"):
+        pass
+
+
+def test_watchdog_ends_work_when_the_holder_dies(tmp_path: Path, sleeper):
+    root = tmp_path / "dflash"
+    root.mkdir()
+    proc = sleeper()
+    holder = holder_of(proc)
+    acquire(str(root), token_of(holder), holder, "deploy", "v2")
+    with Watchdog(str(root), token_of(holder), interval_s=0.05) as dog:
+        dog.check()  # alive: nothing to say
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while not dog.lost.is_set() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(LockError, match="has died"):
+            dog.check()
+
+
+def test_concurrent_takers_get_one_winner(tmp_path: Path, sleeper):
+    root = tmp_path / "dflash"
+    root.mkdir()
+    holders = [holder_of(sleeper()) for _ in range(6)]
+    results: list[bool] = []
+    barrier = threading.Barrier(len(holders))
+
+    def take(holder: dict) -> None:
+        barrier.wait()
+        results.append(acquire(str(root), token_of(holder), holder, "deploy", None)["acquired"])
+
+    threads = [threading.Thread(target=take, args=(h,)) for h in holders]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == [False] * 5 + [True]

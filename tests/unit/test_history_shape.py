@@ -1,0 +1,159 @@
+"""Which deployments ran the same workload (module_utils/dflash_throughput.py): the shape of a
+deployment from its recorded run.sh values, the comparable healthy ones, the fastest of them,
+and the median the deploy's throughput gate compares with."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from ansible.module_utils.dflash_history import select
+from ansible.module_utils.dflash_throughput import (
+    CPU_TOKEN_BUDGET,
+    SHAPE_DEFAULTS,
+    comparable,
+    comparable_indexes,
+    fastest_comparable,
+    gate_baseline,
+    shape_of,
+    throughput_references,
+)
+
+from dflash import flags
+from tests.helpers import REPO
+
+CPU = {"mode": "cpu", "target": [], "drafter": []}
+SPLIT = {"mode": "split", "target": [0, 1], "drafter": [2, 3]}
+
+
+def line(release: str, speed: float | None, layout: dict = SPLIT, result: str = "healthy",
+         torchrun: list | None = None, **args: object) -> dict:  # fmt: skip
+    return {
+        "release": release,
+        "time": f"2026-11-{len(release):02d}T00:00:00+00:00",
+        "action": "deploy",
+        "result": result,
+        "tokens_per_s": speed,
+        "stages": {"drafter_forward": 0.1, "step": 0.4},
+        "run_sh": {
+            "layout": layout,
+            "trainer_args": {"target_model": "/models/qwen3-8b", **args},
+            "torchrun_args": torchrun or [],
+        },
+    }
+
+
+def test_the_shape_fills_in_the_trainers_defaults():
+    assert shape_of(line("v1", 1.0, token_budget=8192)) == {
+        "target_model": "/models/qwen3-8b",
+        "max_seq_len": 3072,
+        "num_anchors": 512,
+        "block_size": 16,
+        "drafter_layers": 5,
+        "token_budget": 8192,
+        "mode": "split",
+        "target_gpus": [0, 1],
+        "drafter_gpus": [2, 3],
+        "nnodes": "1",
+    }
+    # Left out, the budget is --max-seq-len on a GPU and the CPU budget on the CPU.
+    assert shape_of(line("v1", 1.0, max_seq_len=4096))["token_budget"] == 4096
+    assert shape_of(line("v1", 1.0, layout=CPU))["token_budget"] == CPU_TOKEN_BUDGET
+    assert shape_of({"release": "v0"}) is None
+
+
+def test_a_flag_given_as_its_default_or_as_text_is_the_same_shape():
+    plain = line("v1", 1.0)
+    spelled = line("v2", 1.0, num_anchors="512", block_size=16, compile_drafter=True)
+    spelled["run_sh"]["trainer_args"]["target_model"] = "/models/qwen3-8b/"
+    spelled["run_sh"]["layout"] = dict(SPLIT, target=[1, 0])
+    assert shape_of(plain) == shape_of(spelled)
+
+
+def test_shape_defaults_are_the_trainers():
+    defaults = vars(flags.train_parser().parse_args([]))
+    assert {key: defaults[key] for key in SHAPE_DEFAULTS} == SHAPE_DEFAULTS
+    assert defaults["token_budget"] is None  # filled in by mode, as the trainer does
+    assert flags.CPU_TOKEN_BUDGET == CPU_TOKEN_BUDGET
+
+
+def test_comparable_deployments_ignore_another_layout_or_shape():
+    history = [
+        line("v1", 9000.0),
+        line("v2", 50000.0, layout=dict(SPLIT, drafter=[2, 3, 4, 5])),  # more drafter GPUs
+        line("v3", 40000.0, token_budget=16384),  # twice the tokens per step
+        line("v4", 30000.0, layout={"mode": "colocated", "target": [0, 1], "drafter": [0, 1]}),
+        line("v5", 20000.0, num_anchors=256),
+        line("v6", 25000.0, block_size=8),
+        line("v7", 26000.0, target_model="/models/qwen3-4b"),
+        line("v8", 27000.0, torchrun=["--nnodes", "2"]),
+        line("v9", 28000.0, drafter_layers=1),
+        line("v10", 99000.0, result="rolled_back"),  # failed its health check
+        line("v11", None),  # staged, never measured
+        line("v12", 12000.0, lr=1e-4),  # another learning rate: the same work per step
+        line("v13", 11000.0),
+    ]
+    current = history[-1]
+    assert comparable_indexes(history, current) == [0, 11, 12]
+    assert [e["release"] for e in comparable(history, current)] == ["v1", "v12", "v13"]
+    assert fastest_comparable(history, current) == 11
+    # The diff.yml selector agrees: the fastest of current's shape, not v2's 50000.
+    assert select(history, "v13", "fastest") == 11
+
+
+def test_fastest_on_a_tie_is_the_newest_and_none_without_a_figure():
+    history = [line("v1", 100.0), line("v2", 100.0), line("v3", None, result="deployed")]
+    assert fastest_comparable(history, history[2]) == 1
+    assert fastest_comparable([line("v1", None)], line("v1", None)) is None
+    assert comparable(history, {"release": "v0"}) == []
+
+
+def test_references_name_the_health_check_and_the_fastest_comparable():
+    history = [line("v1", 9000.0), line("v2", 20000.0, layout=CPU), line("v3", 4000.0)]
+    refs = throughput_references(history, 2)
+    assert refs["health_check"] == {
+        "number": 3, "release": "v3", "action": "deploy", "time": history[2]["time"],
+        "tokens_per_s": 4000.0, "stages": history[2]["stages"],
+    }  # fmt: skip
+    assert (refs["fastest"]["number"], refs["fastest"]["current"]) == (1, False)
+    alone = throughput_references(history[:1], 0)
+    assert alone["fastest"]["current"] is True
+    assert throughput_references(history, None) == {"health_check": None, "fastest": None}
+    staged = throughput_references([line("v1", None, result="deployed")], 0)
+    assert staged == {"health_check": None, "fastest": None}
+
+
+def test_the_shape_functions_import_as_a_controller_filter_imports_them():
+    # Filters put module_utils/ on sys.path (no ansible.module_utils.* there), e.g. a health
+    # gate that takes the median of the comparable deployments.
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import dflash_history; "
+        "import dflash_throughput as h; "
+        "e = {'result': 'healthy', 'tokens_per_s': 5.0, 'run_sh': {'layout': {'mode': 'cpu'}}}; "
+        "print(h.comparable_indexes([e, e], e))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(REPO / "module_utils")],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert out.stdout.strip() == "[0, 1]"
+
+
+def test_the_gate_baseline_is_the_median_of_the_newest_comparable_deployments():
+    history = [
+        line("v1", 100.0),  # older than the newest five: left out
+        line("v2", 900.0),
+        line("v3", 1000.0),
+        line("v4", 50000.0, token_budget=16384),  # another shape: never a baseline
+        line("v5", 1100.0),
+        line("v6", 400.0),  # one slow run on a busy host moves a median little
+        line("v7", 1200.0),
+        line("v8", 99000.0, result="rolled_back"),
+    ]
+    candidate = {"run_sh": history[1]["run_sh"]}
+    baseline = gate_baseline(history, candidate)
+    assert baseline["tokens_per_s"] == 1000.0 and baseline["count"] == 5
+    assert "v2, v3, v5, v6, v7" in baseline["name"]
+    # A first deployment of a new shape has nothing to compare with: the gate stays open.
+    other = {"run_sh": {"layout": CPU, "trainer_args": {"target_model": "tiny"}}}
+    assert gate_baseline(history, other) == {}

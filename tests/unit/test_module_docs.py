@@ -1,0 +1,83 @@
+"""Every module's DOCUMENTATION says what its argument_spec does (names, types, defaults,
+choices, required, list elements, no_log), parses as YAML, and `ansible-doc` renders it:
+the check ansible-test's validate-modules makes, for a repository that is no collection
+(`make lint` runs this file)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+
+from tests.helpers import REPO
+
+MODULES = sorted((REPO / "library").glob("*.py"))
+ANSIBLE_DOC = Path(sys.executable).parent / "ansible-doc"
+
+
+class _Captured(Exception):
+    pass
+
+
+def argument_spec(path: Path) -> dict:
+    """The spec main() hands to AnsibleModule, by running main() with a stand-in that stops
+    there (the module's own code, not a copy of its spec)."""
+    spec = importlib.util.spec_from_file_location(f"module_under_test_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    seen: dict = {}
+
+    def capture(*args, **kwargs):
+        seen.update(kwargs)
+        raise _Captured
+
+    with mock.patch.object(module, "AnsibleModule", side_effect=capture), pytest.raises(_Captured):
+        module.main()
+    return seen["argument_spec"]
+
+
+def documentation(path: Path) -> dict:
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "DOCUMENTATION":
+            return yaml.safe_load(node.value.value)
+    raise AssertionError(f"{path.name} has no DOCUMENTATION")
+
+
+def expected(option: dict) -> dict:
+    """An option as the spec should say it, with the spec's own defaults made explicit."""
+    return {
+        "type": option.get("type", "str"),
+        "required": bool(option.get("required", False)),
+        "default": option.get("default"),
+        "choices": option.get("choices"),
+        "elements": option.get("elements"),
+    }
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[p.stem for p in MODULES])
+def test_documentation_matches_the_argument_spec(path: Path):
+    docs = documentation(path)
+    assert docs["module"] == path.stem
+    assert "check_mode" in (docs.get("attributes") or {}), f"{path.stem}: no attributes block"
+    options = docs.get("options") or {}
+    spec = argument_spec(path)
+    assert sorted(options) == sorted(spec), f"{path.stem}: documented vs spec options differ"
+    for name, option in options.items():
+        assert option.get("description"), f"{path.stem}.{name} has no description"
+        assert expected(option) == expected(spec[name]), f"{path.stem}.{name}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[p.stem for p in MODULES])
+def test_ansible_doc_renders_it(path: Path):
+    proc = subprocess.run(
+        [str(ANSIBLE_DOC), "-M", str(REPO / "library"), path.stem],
+        capture_output=True, text=True, check=False, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "OPTIONS" in proc.stdout, proc.stderr

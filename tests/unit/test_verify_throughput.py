@@ -1,0 +1,166 @@
+"""verify's `throughput` finding and the per-host figures (filter_plugins/dflash_verify.py),
+from facts documents shaped as dflash_facts returns them."""
+
+from __future__ import annotations
+
+import copy
+
+from dflash_verify_filters import (
+    grown_stage,
+    throughput_findings,
+    throughput_view,
+    verify_summary,
+    verify_summary_lines,
+)
+
+TREE = "t" * 64
+STAGES_THEN = {"target_forward": 0.02, "drafter_forward": 0.06, "drafter_backward": 0.10,
+               "optimizer": 0.01, "step": 0.19}  # fmt: skip
+
+
+def ref(number: int, release: str, speed: float, current: bool = False) -> dict:
+    return {"number": number, "release": release, "action": "deploy", "tokens_per_s": speed,
+            "time": f"2026-12-01T10:0{number}:00+00:00", "stages": STAGES_THEN,
+            "current": current}  # fmt: skip
+
+
+def facts(now: float, health_check: float = 1000.0, fastest: dict | None = None,
+          **status: object) -> dict:  # fmt: skip
+    """A host whose one trainer runs current at `now` tokens/s over a full window."""
+    state = {"run_id": "r1", "state": "running", "code_tree_sha256": TREE, "step": 400,
+             "tokens_per_s": now, "throughput_window": {"steps": 20, "size": 20},
+             "stages": dict(STAGES_THEN, drafter_backward=1.9, step=2.0)}  # fmt: skip
+    state.update(status)
+    check = ref(2, "v2", health_check)
+    return {
+        "current": {"release": "v2", "manifest": {"tree_sha256": TREE}},
+        "deployment": {"release": "v2", "run_sh": {"layout": {"mode": "cpu"}}},
+        "throughput_references": {
+            "health_check": check,
+            "fastest": fastest or dict(check, current=True),
+        },
+        "trainers": {
+            "record": {"pid": 4242, "run_id": "r1"},
+            "processes": [
+                {
+                    "pid": 4242,
+                    "pgid": 4242,
+                    "job": 4242,
+                    "status": state,
+                    "heartbeat_age_s": 1.5,
+                    "age_s": 300.0,
+                    "started_at": "2026-12-01T10:00:00+00:00",
+                }
+            ],
+        },
+        "gpu": {"smi": None},
+    }
+
+
+def test_a_trainer_below_the_ratio_of_its_health_check_is_named_with_both_figures():
+    [item] = throughput_findings(facts(now=100.0), 0.8)
+    assert item["kind"] == "throughput" and item["pid"] == 4242
+    # Both references, with the deployment each came from (here the same one).
+    assert item["expected"] == (
+        ">= 0.8 x 1000 tokens/s (health check of #2 v2, 2026-12-01T10:02:00+00:00); "
+        ">= 0.8 x 1000 tokens/s (fastest of this layout and shape: this deployment)"
+    )
+    assert item["found"] == (
+        "100 tokens/s over the last 20 steps at step 400 (x0.1 of the health check, "
+        "x0.1 of the fastest)"
+    )
+    assert item["ratios"] == {"health_check": 0.1, "fastest": 0.1}
+    # The stage that grew most since the health check, and the command that shows changes.
+    assert "stage drafter_backward grew most: 0.100 -> 1.900 s per step" in item["hint"]
+    assert "nothing was deployed since it ran fast" in item["hint"]
+    assert item["hint"].endswith("ansible-playbook diff.yml -e dflash_diff_from=fastest")
+
+
+def test_a_trainer_at_its_health_check_but_below_the_fastest_comparable_is_named():
+    fastest = ref(1, "v1", 5000.0)
+    [item] = throughput_findings(facts(now=1000.0, fastest=fastest), 0.8)
+    assert "fastest of this layout and shape: #1 v1, 2026-12-01T10:01:00+00:00" in item["expected"]
+    assert ">= 0.8 x 5000 tokens/s" in item["expected"]
+    assert item["ratios"] == {"health_check": 1.0, "fastest": 0.2}
+    assert "nothing was deployed" not in item["hint"]
+    assert item["fastest"]["release"] == "v1" and item["health_check"]["release"] == "v2"
+
+
+def test_within_the_ratio_of_both_there_is_no_finding_and_the_view_says_it_judged():
+    assert throughput_findings(facts(now=900.0), 0.8) == []
+    view = throughput_view(facts(now=900.0), 0.8)
+    assert view["judged"] and view["note"] == "judged over the last 20 steps"
+    assert view["slowest_stage"] == {"name": "drafter_backward", "seconds": 1.9}
+
+
+def test_too_early_in_a_run_is_no_drift_and_says_so():
+    early = facts(now=1.0, throughput_window={"steps": 7, "size": 20})
+    assert throughput_findings(early, 0.8) == []
+    view = throughput_view(early, 0.8)
+    assert not view["judged"] and view["note"] == "too early to judge: 7 of 20 steps measured"
+    assert view["tokens_per_s"] == 1.0 and view["ratios"]["health_check"] == 0.001
+    # A trainer from before throughput_window: its steps of this run, the first one left out.
+    older = facts(now=1.0, throughput_window=None, step=112, resumed_from_step=100)
+    assert throughput_view(older, 0.8)["note"] == "too early to judge: 11 of 20 steps measured"
+    assert throughput_findings(facts(now=1.0, throughput_window=None, step=500), 0.8)
+
+
+def test_nothing_is_judged_that_cannot_be():
+    def note(doc: dict, ratio: float = 0.8) -> str:
+        assert throughput_findings(doc, ratio) == []
+        return throughput_view(doc, ratio)["note"]
+
+    assert note(facts(now=1.0), ratio=0) == "not judged: dflash_verify_min_throughput_ratio is 0"
+    assert note(facts(now=1.0, state="warming")) == "the trainer is warming"
+    other = facts(now=1.0, code_tree_sha256="o" * 64)
+    assert note(other) == "the trainer runs another release than current"
+    stale = facts(now=1.0)
+    stale["trainers"]["processes"][0]["heartbeat_age_s"] = 95.0
+    assert note(stale) == "status.json is 95 s old (heartbeat_stale): not judged"
+    unmeasured = facts(now=1.0)
+    unmeasured["throughput_references"] = {"health_check": None, "fastest": None}
+    assert note(unmeasured) == "no health-check tokens/s recorded for this deployment"
+    none = facts(now=1.0)
+    none["trainers"]["processes"] = []
+    assert note(none) == "no trainer runs"
+
+
+def test_of_two_trainers_the_one_trainer_json_names_is_judged():
+    doc = facts(now=900.0)
+    stray = copy.deepcopy(doc["trainers"]["processes"][0])
+    stray.update(pid=77, pgid=77, job=77)
+    stray["status"].update(run_id="by-hand", tokens_per_s=1.0)
+    doc["trainers"]["processes"].insert(0, stray)
+    assert throughput_view(doc, 0.8)["tokens_per_s"] == 900.0
+
+
+def test_the_hint_names_time_outside_the_stages_or_the_slowest_stage_without_a_record():
+    then = dict(STAGES_THEN)
+    outside = grown_stage(dict(then, step=2.0), then)
+    assert outside.startswith("the time went outside the timed stages: a step took 0.19 s")
+    assert "2.0 s now" in outside
+    assert grown_stage({"drafter_forward": 0.5, "optimizer": 0.1, "step": 0.7}, None) == (
+        "slowest stage now: drafter_forward 0.500 s per step (no stages recorded at the "
+        "health check)"
+    )
+
+
+def test_the_summary_carries_the_figures_and_what_each_check_looked_at():
+    fastest = ref(1, "v1", 1250.0)
+    summary = verify_summary(facts(now=100.0, fastest=fastest), 0.8)
+    assert summary["trainer"] == {
+        "pid": 4242, "run_id": "r1", "state": "running", "step": 400,
+        "started_at": "2026-12-01T10:00:00+00:00", "age_s": 300.0, "heartbeat_age_s": 1.5,
+    }  # fmt: skip
+    assert summary["checks"] == {
+        "throughput": "judged over the last 20 steps",
+        "gpu": "not applicable: no nvidia-smi on the target (a CPU target)",
+    }
+    assert summary["gpu"]["applies"] is False
+    lines = verify_summary_lines(summary)
+    assert lines[0] == ("trainer: pid 4242, running, step 400, up 300.0 s, status.json 1.5 s old")
+    assert lines[1] == (
+        "tokens/s: now 100 | health check 1000 (#2 v2, x0.1) | fastest 1250 "
+        "(#1 v1, x0.08) | slowest stage drafter_backward 1.900 s"
+    )
+    assert lines[3] == "check gpu: not applicable: no nvidia-smi on the target (a CPU target)"
