@@ -5,7 +5,11 @@ Derived as pve-container src/PVE/LXC.pm `update_lxc_config` does where it matter
   overlay on a copy of the base whose owners are shifted by 100000 (rootfs.py), so that root in
   the container owns its files and node files bind-mounted in appear as nobody (65534);
 - `devN` needs the device on the node (LXC/Tools.pm `get_device_mode_and_rdev`: "Device ...
-  does not exist" fails the start) and gets a `c MAJOR:MINOR rw` device rule;
+  does not exist" fails the start of a config edited by hand; since pve-container 5.0.10 setting
+  it is refused too, see ops.py) and gets a `c MAJOR:MINOR rw` device rule;
+- a new `mpN` set while the container runs is hotplugged (`hotplug_mount`, as LXC.pm
+  `mountpoint_hotplug` does: a clone of the source's mount moved into the container's mount
+  namespace);
 - device rules: Proxmox VE 8 runs cgroup v2, where only `lxc.cgroup2.devices.*` rules count and
   `lxc.cgroup.*` (v1) keys are ignored. This machine mounts cgroup v1, so the bed enforces the
   container's cgroup2 device rules (after LXC's default list from common.conf) through the v1
@@ -18,6 +22,7 @@ through `pct exec`); memory/cores are not enforced; storage volumes are folders 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
@@ -66,6 +71,18 @@ def device_number(path: str) -> tuple[str, int, int]:
     return kind, os.major(info.st_rdev), os.minor(info.st_rdev)
 
 
+def mount_source(node: NodeConfig, key: str, value: str, unpriv: bool) -> tuple[str, str, bool]:
+    """(node-side source, absolute target, read-only) of an `mpN` value; a storage volume is a
+    folder of the bed, created on first use."""
+    mount = parse_property_string(value, "volume")
+    source, target = mount["volume"], mount.get("mp", "")
+    if not target.startswith("/"):
+        raise LxcError(f"{key}: mount point target must be an absolute path: {value}")
+    if not source.startswith("/"):  # a storage volume: a folder of the bed
+        source = str(prepare_volume(node, source, unpriv))
+    return source, target, mount.get("ro") in ("1", "true", "yes", "on")
+
+
 def derive_lxc_config(vmid: int, section: Section, node: NodeConfig) -> str:
     ct_dir = node.lxcpath / str(vmid)
     opts = section.options
@@ -92,13 +109,8 @@ def derive_lxc_config(vmid: int, section: Section, node: NodeConfig) -> str:
     rules = list(DEFAULT_DEVICE_RULES)
     for key in sorted(opts):
         if key.startswith("mp") and key[2:].isdigit():
-            mount = parse_property_string(opts[key], "volume")
-            source, target = mount["volume"], mount.get("mp", "")
-            if not target.startswith("/"):
-                raise LxcError(f"{key}: mount point target must be an absolute path: {opts[key]}")
-            if not source.startswith("/"):  # a storage volume: a folder of the bed
-                source = str(prepare_volume(node, source, unpriv))
-            flags = "rbind,create=dir" + (",ro" if mount.get("ro") == "1" else "")
+            source, target, read_only = mount_source(node, key, opts[key], unpriv)
+            flags = "rbind,create=dir" + (",ro" if read_only else "")
             lines.append(f"lxc.mount.entry = {source} {target.lstrip('/')} none {flags} 0 0")
         elif key.startswith("dev") and key[3:].isdigit():
             device = parse_property_string(opts[key], "path")
@@ -224,6 +236,84 @@ def stop(node: NodeConfig, vmid: int, timeout_s: int | None = None) -> None:
     done = _run(args, timeout=(timeout_s or 10) + 20)
     if done.returncode != 0 and info(node, vmid)[0] == "running":
         raise LxcError(done.stderr.strip() or f"lxc-stop failed for CT {vmid}")
+
+
+# The new mount API (Linux 5.2+; mount_setattr 5.12+): one syscall number on every architecture.
+SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442
+OPEN_TREE_CLONE, AT_EMPTY_PATH, AT_FDCWD, MOVE_MOUNT_F_EMPTY_PATH = 1, 0x1000, -100, 0x4
+MOUNT_ATTR_RDONLY, CLONE_NEWNS = 0x1, 0x20000
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]  # fmt: skip
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+    return result
+
+
+def _inject_mount(pid: int, key: str, source: str, target: str, read_only: bool,
+                  owner: int) -> None:  # fmt: skip
+    """In a child process: LXC.pm `mountpoint_stage` (a clone of a bind mount of the source,
+    remounted read-only for `ro=1`, as `__bindmount_do`), then into the container's mount
+    namespace, `walk_tree_nofollow_fd` (the target's missing folders made, owned by the
+    container's root) and `mountpoint_insert_staged` (`move_mount`)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    tree = _check(libc.syscall(SYS_OPEN_TREE, AT_FDCWD, source.encode(),
+                               OPEN_TREE_CLONE | os.O_CLOEXEC), f"open_tree() on {source}")  # fmt: skip
+    if read_only:
+        attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY)
+        _check(libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH, ctypes.byref(attr),
+                            ctypes.sizeof(attr)), "bindmount error")  # fmt: skip
+    namespace = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    _check(libc.setns(namespace, CLONE_NEWNS), "failed to enter the container's mount namespace")
+    os.chdir("/")
+    path = "/"
+    for part in [p for p in target.split("/") if p]:
+        path = os.path.join(path, part)
+        if os.path.islink(path):
+            raise OSError(0, f"symlink encountered at: {path}")
+        if not os.path.isdir(path):
+            try:
+                os.mkdir(path, 0o755)
+            except OSError as exc:
+                raise OSError(exc.errno, f"failed to create path: {path}: {exc.strerror}") from None
+            os.chown(path, owner, owner)
+    _check(libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(),
+                        MOVE_MOUNT_F_EMPTY_PATH),
+           f"failed to move '{key}' into container hierarchy")  # fmt: skip
+
+
+def hotplug_mount(node: NodeConfig, vmid: int, key: str, value: str, section: Section) -> None:
+    """LXC.pm `mountpoint_hotplug`: mount a new `mpN` into the running container (a bind mount
+    or a storage volume, which here is a folder too). The work happens in a forked child, since
+    a process with threads cannot change its mount namespace; its error comes back as LxcError."""
+    state, pid = info(node, vmid)
+    if state != "running" or not pid:
+        raise LxcError(f"failed to open pidfd of container {vmid}'s init process")
+    unpriv = unprivileged(section)
+    source, target, read_only = mount_source(node, key, value, unpriv)
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        os.close(read_end)
+        code = 0
+        try:
+            _inject_mount(pid, key, source, target, read_only, ID_SHIFT if unpriv else 0)
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+            os.write(write_end, (exc.strerror if isinstance(exc, OSError) else str(exc)).encode())
+            code = 1
+        os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        message = pipe.read().decode(errors="replace")
+    _, status = os.waitpid(child, 0)
+    if status != 0:
+        raise LxcError(message or f"mount point hotplug of {key} failed")
 
 
 def _tail(path: Path, chars: int = 1500) -> str:

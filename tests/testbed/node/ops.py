@@ -26,9 +26,14 @@ CONFIGID = re.compile(r"^[a-z][a-z0-9_-]+$", re.IGNORECASE)
 SNAPNAME_MAX = 40
 # pve-container src/PVE/LXC/Config.pm `$LXC_FASTPLUG_OPTIONS`, plus what
 # `vmconfig_hotplug_pending` changes on a running container (limits and network; the bed
-# enforces neither). Everything else set on a running container waits in [pve:pending].
+# enforces neither; a new mpN: see `set_config`). Everything else set on a running container
+# waits in [pve:pending].
 HOTPLUG = {"description", "onboot", "startup", "protection", "hostname", "hookscript", "cores",
            "tags", "lock", "memory", "swap", "cpulimit", "cpuunits"}  # fmt: skip
+
+
+DEVN = re.compile(r"dev\d+")
+MPN = re.compile(r"mp\d+")
 
 
 class PveError(RuntimeError):
@@ -63,6 +68,18 @@ def check_snapname(name: str) -> None:
         raise PveError.param("snapname", f"invalid format - invalid configuration ID '{name}'\n")
     if len(name) > SNAPNAME_MAX:
         raise PveError.param("snapname", f"value may only be {SNAPNAME_MAX} characters long")
+
+
+def check_device(key: str, value: str) -> None:
+    """LXC/Tools.pm `get_device_mode_and_rdev` (pve-container 5.0.10+) on a devN's path: `Device
+    /dev/X does not exist` (a plain die: HTTP 500, `pct set` exit 255)."""
+    path = parse_property_string(value, "path").get("path")
+    if not path:
+        raise PveError(f"Path is not defined for passthrough device {key}")
+    try:
+        lxcctl.device_number(path)
+    except lxcctl.LxcError as exc:
+        raise PveError(str(exc)) from None
 
 
 class Node:
@@ -143,10 +160,18 @@ class Node:
         return self.load(vmid).pending_array()
 
     def set_config(self, vmid: int, values: dict[str, str], delete: list[str]) -> None:
-        """API2/LXC/Config.pm `update_vm` -> LXC/Config.pm `update_pct_config`: changes go to
-        [pve:pending]; a stopped container takes them at once (`vmconfig_apply_pending`), a
-        running one only what can be hotplugged (`vmconfig_hotplug_pending`). The bed does not
-        hotplug new mount points (Proxmox does): they wait for the next start."""
+        """API2/LXC/Config.pm `update_vm` -> LXC/Config.pm `update_pct_config` (pve-container
+        5.x): changes go to [pve:pending]; a stopped container takes them at once
+        (`vmconfig_apply_pending`), a running one what can be hotplugged
+        (`vmconfig_hotplug_pending`): the fast-plug options, limits, network, and a new `mpN`
+        (`apply_pending_mountpoint` -> LXC.pm `mountpoint_hotplug`); one that replaces an mpN
+        the container has, a removed mpN and everything else wait for the next start. A
+        hotplug that fails is `unable to hotplug mpN: ...`, and `update_vm` then writes nothing
+        (`raise_param_exc($errors)`, HTTP 400). A devN whose device the node lacks is refused
+        before anything is written (since 5.0.10, commit 556ddd3: `update_pct_config` calls
+        LXC/Tools.pm `get_device_mode_and_rdev`); after the write, `update_vm` runs LXC.pm
+        `update_lxc_config`, which dies on a current devN without its device (the config file
+        is written by then)."""
         for key in [*values, *delete]:
             if key.startswith("lxc"):
                 raise PveError.param(
@@ -157,12 +182,29 @@ class Node:
         with self.store.locked(vmid):
             conf = self.load(vmid)
             live = self.running(vmid)
+            for key in sorted(values):  # update_pct_config: `sort keys %$param`
+                if DEVN.fullmatch(key):
+                    check_device(key, values[key])
+            errors: dict[str, str] = {}
             for key, value in values.items():
-                if live and key not in HOTPLUG and not key.startswith("net"):
+                if MPN.fullmatch(key) and live and key not in conf.current.options:
+                    try:
+                        lxcctl.hotplug_mount(self.cfg, vmid, key, value, conf.current)
+                    except lxcctl.LxcError as exc:
+                        errors[key] = f"unable to hotplug {key}: {exc}"
+                        conf.pending.options[key] = value
+                        continue
+                    conf.current.options[key] = value
+                    conf.pending.options.pop(key, None)
+                elif live and key not in HOTPLUG and not key.startswith("net"):
                     conf.pending.options[key] = value
                 else:
                     conf.current.options[key] = value
                     conf.pending.options.pop(key, None)
+            if errors:  # update_vm: "don't write to config if we get any errors"
+                lines = "".join(f"\n{key}: {text}" for key, text in sorted(errors.items()))
+                raise PveError(f"400 Parameter verification failed.{lines}", code=400,
+                               errors=errors)  # fmt: skip
             pending_delete = conf.pending_delete()
             for key in delete:
                 if live and key not in HOTPLUG and not key.startswith("net"):
@@ -172,6 +214,9 @@ class Node:
             if pending_delete:
                 conf.pending.options["delete"] = ",".join(dict.fromkeys(pending_delete))
             self.store.write(vmid, conf)
+            for key in sorted(conf.current.options):  # LXC.pm `update_lxc_config`
+                if DEVN.fullmatch(key):
+                    check_device(key, conf.current.options[key])
 
     def apply_pending(self, vmid: int) -> None:
         """LXC/Config.pm `vmconfig_apply_pending`, which `vm_start` runs first."""
