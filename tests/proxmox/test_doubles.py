@@ -10,6 +10,7 @@ import os
 import re
 import stat
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -271,10 +272,20 @@ def test_tasks_are_asynchronous_and_end_ok_warnings_or_an_error(
     assert tail["total"] == len(tail["data"])
 
 
+def pvesh_set(bed: Testbed, vmid: int, *args: str) -> tuple[int, str, str]:
+    """`pvesh set .../config` on the node, as root@pam: only root@pam may set a devN or a bind
+    mount point (pve-container LXC.pm `check_ct_modify_config_perm`), which the bed's token,
+    a privilege-separated dflash@pve one, may not."""
+    path = f"/nodes/{bed.node}/lxc/{vmid}/config"
+    return bed.ssh_run(["/usr/bin/pvesh", "set", path, *args])
+
+
 def test_config_current_vs_pending_and_devn_needs_the_device(bed: Testbed, api: ProxmoxAPI) -> None:
     vmid = bed.vmids[0]
     ct = api.nodes(bed.node).lxc(vmid)
-    ct.config.put(dev0="/dev/null", tags="dflash", delete="features")  # while it runs
+    # while it runs
+    assert pvesh_set(bed, vmid, "-dev0", "/dev/null", "-tags", "dflash", "-delete", "features") == (
+        0, "", "")  # fmt: skip
     # devN and the removal wait for the next start; tags are hotplugged
     assert ct.config.get()["dev0"] == "/dev/null" and "features" not in ct.config.get()
     current = ct.config.get(current=1)
@@ -289,12 +300,70 @@ def test_config_current_vs_pending_and_devn_needs_the_device(bed: Testbed, api: 
     applied = ct.config.get(current=1)
     assert applied["dev0"] == "/dev/null" and "features" not in applied
     assert [item for item in ct.pending.get() if "pending" in item or "delete" in item] == []
-    # a devN whose device the node lacks keeps the container from starting
-    wait(api, bed.node, ct.status.stop.post())
-    ct.config.put(dev1="/dev/nvidia0")
+    # a devN whose device the node lacks is refused when it is set, running or not, and nothing
+    # is written (pve-container 5.0.10+, LXC/Config.pm update_pct_config ->
+    # LXC/Tools.pm get_device_mode_and_rdev: a plain die, exit 255)
+    for state in ("running", "stopped"):
+        before = bed.config_text(vmid)
+        assert pvesh_set(bed, vmid, "-dev1", "/dev/nvidia0", "-tags", "x") == (
+            255, "", "Device /dev/nvidia0 does not exist\n")  # fmt: skip
+        assert bed.config_text(vmid) == before
+        if state == "running":
+            wait(api, bed.node, ct.status.stop.post())
+    # ... but a config edited by hand (or whose device went away) fails at start
+    bed.edit_config(vmid, values={"dev1": "/dev/nvidia0"})
     failed = wait(api, bed.node, ct.status.start.post())
     assert failed["exitstatus"] == "Device /dev/nvidia0 does not exist"
     assert bed.status(vmid) == "stopped"
+    # and any later set writes the config, then dies in LXC.pm update_lxc_config
+    assert pvesh_set(bed, vmid, "-tags", "later") == (
+        255, "", "Device /dev/nvidia0 does not exist\n")  # fmt: skip
+    assert "tags: later" in bed.config_text(vmid).splitlines()
+
+
+def test_a_new_mount_point_is_hotplugged_into_a_running_container(
+    bed: Testbed, api: ProxmoxAPI, tmp_path: Path
+) -> None:
+    """LXC/Config.pm vmconfig_hotplug_pending -> apply_pending_mountpoint -> LXC.pm
+    mountpoint_hotplug: a new mpN goes into the running container at once; one that replaces
+    an mpN it has, and a removal, wait for the next start."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "f").write_text("one\n")
+    (tmp_path / "two").mkdir()
+    try:
+        for vmid in bed.vmids:  # unprivileged, and the privileged last one
+            ct = api.nodes(bed.node).lxc(vmid)
+            mp1 = f"{tmp_path / 'one'},mp=/mnt/extra/one,ro=1"
+            assert pvesh_set(bed, vmid, "-mp1", mp1) == (0, "", "")
+            assert ct.config.get(current=1)["mp1"] == mp1
+            assert [i for i in ct.pending.get() if "pending" in i or "delete" in i] == []
+            assert bed.attach(vmid, "cat", "/mnt/extra/one/f").stdout == "one\n"
+            wrote = bed.attach(vmid, "touch", "/mnt/extra/one/g", check=False)
+            assert wrote.returncode != 0 and "Read-only file system" in wrote.stderr
+            owner = bed.attach(vmid, "stat", "-c", "%u", "/mnt/extra").stdout.strip()
+            assert owner == "0"  # made by the hotplug, owned by the container's root
+            # over an mpN it has: pending (apply_pending_mountpoint: "skip")
+            mp1_new = f"{tmp_path / 'two'},mp=/mnt/extra/one"
+            assert pvesh_set(bed, vmid, "-mp1", mp1_new) == (0, "", "")
+            assert ct.config.get(current=1)["mp1"] == mp1
+            assert {"key": "mp1", "value": mp1, "pending": mp1_new} in ct.pending.get()
+            # a hotplug that fails refuses the whole set: HTTP 400 (pvesh: exit 255), nothing
+            # written (API2/LXC/Config.pm update_vm: raise_param_exc($errors))
+            before = bed.config_text(vmid)
+            rc, out, err = pvesh_set(bed, vmid, "-mp2", f"{tmp_path / 'gone'},mp=/mnt/gone")
+            assert (rc, out) == (255, "")
+            assert err == (
+                f"400 Parameter verification failed.\nmp2: unable to hotplug mp2: directory "
+                f"'{tmp_path / 'gone'}' does not exist\n"
+            )
+            assert bed.config_text(vmid) == before
+            # a removal waits
+            assert pvesh_set(bed, vmid, "-delete", "mp0") == (0, "", "")
+            assert "mp0" in ct.config.get(current=1)
+            assert bed.attach(vmid, "test", "-d", "/mnt/wheelhouse").returncode == 0
+    finally:
+        for vmid in bed.vmids:  # the hotplugged mounts go with the container (reset starts it)
+            bed.stop_container(vmid)
 
 
 def test_snapshot_rules_follow_proxmox(bed: Testbed, api: ProxmoxAPI) -> None:

@@ -263,8 +263,9 @@ def _inject_mount(pid: int, key: str, source: str, target: str, read_only: bool,
     container's root) and `mountpoint_insert_staged` (`move_mount`)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    tree = _check(libc.syscall(SYS_OPEN_TREE, AT_FDCWD, source.encode(),
-                               OPEN_TREE_CLONE | os.O_CLOEXEC), f"open_tree() on {source}")  # fmt: skip
+    flags = OPEN_TREE_CLONE | os.O_CLOEXEC
+    tree = _check(libc.syscall(SYS_OPEN_TREE, AT_FDCWD, source.encode(), flags),
+                  f"open_tree() on {source}")  # fmt: skip
     if read_only:
         attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY)
         _check(libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH, ctypes.byref(attr),
@@ -297,6 +298,8 @@ def hotplug_mount(node: NodeConfig, vmid: int, key: str, value: str, section: Se
         raise LxcError(f"failed to open pidfd of container {vmid}'s init process")
     unpriv = unprivileged(section)
     source, target, read_only = mount_source(node, key, value, unpriv)
+    if not os.path.isdir(source):  # LXC.pm `__mountpoint_mount`, a bind mount
+        raise LxcError(f"directory '{source}' does not exist")
     read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - the child
@@ -304,7 +307,7 @@ def hotplug_mount(node: NodeConfig, vmid: int, key: str, value: str, section: Se
         code = 0
         try:
             _inject_mount(pid, key, source, target, read_only, ID_SHIFT if unpriv else 0)
-        except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+        except BaseException as exc:  # everything goes back to the parent
             os.write(write_end, (exc.strerror if isinstance(exc, OSError) else str(exc)).encode())
             code = 1
         os._exit(code)

@@ -191,7 +191,7 @@ class Node:
                     try:
                         lxcctl.hotplug_mount(self.cfg, vmid, key, value, conf.current)
                     except lxcctl.LxcError as exc:
-                        errors[key] = f"unable to hotplug {key}: {exc}"
+                        errors[key] = f"unable to hotplug {key}: {exc}\n"
                         conf.pending.options[key] = value
                         continue
                     conf.current.options[key] = value
@@ -202,7 +202,7 @@ class Node:
                     conf.current.options[key] = value
                     conf.pending.options.pop(key, None)
             if errors:  # update_vm: "don't write to config if we get any errors"
-                lines = "".join(f"\n{key}: {text}" for key, text in sorted(errors.items()))
+                lines = "".join(f"\n{key}: {text.rstrip()}" for key, text in sorted(errors.items()))
                 raise PveError(f"400 Parameter verification failed.{lines}", code=400,
                                errors=errors)  # fmt: skip
             pending_delete = conf.pending_delete()
