@@ -273,6 +273,11 @@ def _inject_mount(pid: int, key: str, source: str, target: str, read_only: bool,
     namespace = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     _check(libc.setns(namespace, CLONE_NEWNS), "failed to enter the container's mount namespace")
     os.chdir("/")
+    # The bed's unprivileged root file system is an overlay that LXC mounts inside the
+    # container's user namespace, where the node's uid 0 has no mapping (EOVERFLOW): the folders
+    # are made as the container's root (fsuid), which gives the owner PVE's fchownat gives.
+    libc.setfsgid(owner)
+    libc.setfsuid(owner)
     path = "/"
     for part in [p for p in target.split("/") if p]:
         path = os.path.join(path, part)
@@ -283,7 +288,8 @@ def _inject_mount(pid: int, key: str, source: str, target: str, read_only: bool,
                 os.mkdir(path, 0o755)
             except OSError as exc:
                 raise OSError(exc.errno, f"failed to create path: {path}: {exc.strerror}") from None
-            os.chown(path, owner, owner)
+    libc.setfsuid(0)
+    libc.setfsgid(0)
     _check(libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(),
                         MOVE_MOUNT_F_EMPTY_PATH),
            f"failed to move '{key}' into container hierarchy")  # fmt: skip
