@@ -8,7 +8,7 @@ short_description: Run tasks in Proxmox LXC containers with pct exec over SSH, p
 description:
   - Runs commands in, and copies files to and from, an LXC container of a Proxmox VE node. It
     connects to the node with SSH (paramiko) and runs C(/usr/sbin/pct exec VMID -- COMMAND) there.
-  - Extends C(community.proxmox.proxmox_pct_remote) with the same options, and changes it in these ways.
+  - Extends C(community.proxmox.proxmox_pct_remote), with the same options, in these ways.
   - Pipelining. A module's code goes to the container on the standard input of the one
     C(pct exec) that runs it, so a module task is one C(pct exec) instead of about six
     (home folder, temporary folder, upload, chmod, run, clean-up).
@@ -431,7 +431,7 @@ class Connection(PctRemoteConnection):
             transport.set_keepalive(5)
             chan = transport.open_session()
         except Exception as err:
-            raise AnsibleConnectionFailure(f"Failed to open an SSH session on {addr}: {err}")
+            raise AnsibleConnectionFailure(f"cannot open an SSH session on {addr}: {err}") from err
         if pty:
             chan.get_pty(term=os.getenv("TERM", "vt100"), width=int(os.getenv("COLUMNS", 0)),
                          height=int(os.getenv("LINES", 0)))  # fmt: skip
@@ -481,7 +481,7 @@ class Connection(PctRemoteConnection):
             with open(in_path, "rb") as source:
                 data = source.read()
         except OSError as err:
-            raise AnsibleError(f"cannot read {in_path} to put it to {out_path}: {err}")
+            raise AnsibleError(f"cannot read {in_path} to put it to {out_path}: {err}") from err
         self._cat(f"cat > {self._shell.quote(out_path)}", data, f"put {in_path} to {out_path}")
 
     def fetch_file(self, in_path: str, out_path: str) -> None:
@@ -492,7 +492,7 @@ class Connection(PctRemoteConnection):
             with open(out_path, "wb") as target:
                 target.write(data)
         except OSError as err:
-            raise AnsibleError(f"cannot write {out_path} fetched from {in_path}: {err}")
+            raise AnsibleError(f"cannot write {out_path} fetched from {in_path}: {err}") from err
 
     def _cat(self, script: str, data: bytes | None, what: str) -> bytes:
         cmd = f"{self._shell.executable} -c {self._shell.quote(script)}"
