@@ -130,6 +130,20 @@ def measure(bed: Testbed, tmp: Path, connection: str, count: int, runs: int, loc
     }  # fmt: skip
 
 
+HEAD = (f"{'transport':<37} {'n':>2} {'ping s':>6} {'cold s':>6} {'no-op s':>7} "
+        f"{'verify s':>8} {'cold/ping':>9} {'no-op/ping':>10} {'verify/ping':>11} "
+        f"{'pct exec/host cold,no-op,verify,ping':>37}")  # fmt: skip
+
+
+def row_line(row: dict) -> str:
+    sec, calls = row["seconds"], row["calls"]
+    per_host = ",".join(f"{calls[k]:g}" for k in ("cold", "noop", "verify", "ping"))
+    return (f"{row['connection']:<37} {row['containers']:>2} {sec['ping']:>6.2f} "
+            f"{sec['cold']:>6.2f} {sec['noop']:>7.2f} {sec['verify']:>8.2f} "
+            f"{sec['cold'] / sec['ping']:>9.2f} {sec['noop'] / sec['ping']:>10.2f} "
+            f"{sec['verify'] / sec['ping']:>11.2f} {per_host:>37}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -159,6 +173,10 @@ def main() -> None:
             for count in args.containers:
                 for connection in args.connections:
                     rows.append(measure(bed, tmp, connection, count, args.runs, lock, sources[1]))
+                    # each row as soon as it is measured: a long run can be cut short
+                    print(f"{HEAD}\n{row_line(rows[-1])}", file=sys.stderr)
+                    if args.json:
+                        args.json.write_text(json.dumps({"rows": rows}, indent=1))
             vmid = bed.vmids[0]
             pct_s = node_seconds(bed, f"/usr/sbin/pct exec {vmid} -- true", args.runs)
             attach_s = attach_seconds(bed, vmid, args.runs)
@@ -176,17 +194,9 @@ def main() -> None:
                     file_calls[factor] = (n_files, bed.pct_exec_counts(mark)[vmid])
     finally:
         bed.down()
-    head = (f"{'transport':<37} {'n':>2} {'ping s':>6} {'cold s':>6} {'no-op s':>7} "
-            f"{'verify s':>8} {'cold/ping':>9} {'no-op/ping':>10} {'verify/ping':>11} "
-            f"{'pct exec/host cold,no-op,verify,ping':>37}")  # fmt: skip
-    print(head)
+    print(HEAD)
     for row in rows:
-        sec, calls = row["seconds"], row["calls"]
-        per_host = ",".join(f"{calls[k]:g}" for k in ("cold", "noop", "verify", "ping"))
-        print(f"{row['connection']:<37} {row['containers']:>2} {sec['ping']:>6.2f} "
-              f"{sec['cold']:>6.2f} {sec['noop']:>7.2f} {sec['verify']:>8.2f} "
-              f"{sec['cold'] / sec['ping']:>9.2f} {sec['noop'] / sec['ping']:>10.2f} "
-              f"{sec['verify'] / sec['ping']:>11.2f} {per_host:>37}")  # fmt: skip
+        print(row_line(row))
     print(
         f"pct exec {vmid} -- true on the node: {pct_s:.3f} s; "
         f"lxc-attach -n {vmid} -- true: {attach_s:.3f} s (median of {args.runs})"
