@@ -36,6 +36,9 @@ lint: venv
 	@# tool, ansible-test sanity --test validate-modules, needs a collection layout and fetches
 	@# its own requirements; this is the same contract, checked on the repository as it is.
 	pytest -q -p no:cacheprovider tests/unit/test_module_docs.py
+	@# The same for connection_plugins/: ansible-doc -t connection renders each one, and
+	@# dflash_pct keeps every option of community.proxmox.proxmox_pct_remote.
+	pytest -q -p no:cacheprovider tests/unit/test_connection_docs.py
 	@for p in $(PLAYBOOKS); do \
 		ansible-playbook --syntax-check "$$p" >/dev/null || exit 1; \
 		echo "syntax ok: $$p"; \
@@ -45,8 +48,9 @@ lint: venv
 PYTEST_WORKERS ?= 2
 
 test: lint
-	@# (test_module_docs.py ran in lint already)
-	pytest -n $(PYTEST_WORKERS) --ignore=tests/unit/test_module_docs.py
+	@# (test_module_docs.py and test_connection_docs.py ran in lint already)
+	pytest -n $(PYTEST_WORKERS) --ignore=tests/unit/test_module_docs.py \
+		--ignore=tests/unit/test_connection_docs.py
 
 clean-sandbox:
 	rm -rf sandbox .build reports

@@ -1,19 +1,23 @@
-"""Deploy over pct on the loopback Proxmox test bed, for 1, 2 and 4 containers.
+"""Deploy and verify over pct on the loopback Proxmox test bed: old transport against new.
 
-    .venv/bin/python bench/deploy_pct.py [--runs 5] [--containers 1 2 4]
+    .venv/bin/python bench/deploy_pct.py [--runs 5] [--containers 1 2 4 8]
+        [--connections community.proxmox.proxmox_pct_remote dflash_pct] [--files]
 
-Per container count: cold deploy (fresh state root, the torch env pre-seeded by hard links so
-the env build is not what is timed) and no-op deploy, each the median of --runs,
-and the number of `pct exec` calls per host read from the pct double's trace. Then the same
-cold deploy with a dflash/ of 10x more files, to show that the calls do not grow with the file
-count. The baseline measured in the same run is `ansible -m ping` of all the containers.
-The trainer is not launched (dflash_launch=false): its CPU start would dominate.
-verify.yml and the deployed-state suite have their own benchmark: bench/verify_pct.py.
+Per transport and container count (DFLASH_TESTBED_CONTAINERS is not needed: the bed is brought
+up with the largest count), each the median of --runs: `ansible -m ping` of the same containers
+(the baseline, measured in the same run), a cold deploy (fresh state root, the torch env
+pre-seeded by hard links so the env build is not what is timed), a no-op deploy, verify.yml,
+their ratios to ping, and the `pct exec` calls per host of each (from the pct double's trace).
+Then one `pct exec VMID -- true` (on the node) and one `lxc-attach -n VMID -- true`, median of
+--runs. With --files, the same cold deploy with a dflash/ of 10x more files, to show that the
+calls do not grow with the file count. The trainer is not launched (dflash_launch=false): its
+CPU start would dominate. verify.yml alone: bench/verify_pct.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import subprocess
@@ -27,7 +31,7 @@ sys.path.insert(0, str(REPO))
 import yaml  # noqa: E402
 
 from tests.helpers import ANSIBLE_PLAYBOOK, playbook_command, playbook_env  # noqa: E402
-from tests.testbed.bed import Testbed  # noqa: E402
+from tests.testbed.bed import PCT_CONNECTION, PLAIN_PCT_CONNECTION, Testbed  # noqa: E402
 
 SEED = "/opt/dflash-bench-seed"
 
@@ -64,15 +68,96 @@ def source_with_files(tmp: Path, factor: int) -> Path:
     return repo
 
 
+def fresh_root(bed: Testbed, vmids: list[int], root: str) -> None:
+    for vmid in vmids:
+        bed.attach(vmid, "sh", "-c", f"rm -rf {root} && mkdir -p {root} && "
+                   f"cp -al {SEED}/envs {root}/envs")  # fmt: skip
+
+
+def calls_per_host(bed: Testbed, mark: int, vmids: list[int]) -> int:
+    counts = bed.pct_exec_counts(mark)
+    return max(counts[vmid] for vmid in vmids)
+
+
+def node_seconds(bed: Testbed, command: str, runs: int) -> float:
+    """Median wall time of a command run on the node itself (no SSH in the measure)."""
+    script = f"s=$(date +%s%N); {command} >/dev/null 2>&1; e=$(date +%s%N); echo $((e - s))"
+    times = []
+    for _ in range(runs):
+        rc, out, err = bed.ssh_run(script)
+        if rc != 0:
+            sys.exit(f"{command} on the node: {err}")
+        times.append(int(out.split()[-1]) / 1e9)
+    return statistics.median(times)
+
+
+def attach_seconds(bed: Testbed, vmid: int, runs: int) -> float:
+    """Median wall time of lxc-attach -n VMID -- true, as the bed runs it (clean env)."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        bed.attach(vmid, "true")
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(bed: Testbed, tmp: Path, connection: str, count: int, runs: int, lock: dict,
+            source: Path) -> dict:  # fmt: skip
+    vmids = bed.vmids[:count]
+    times: dict[str, list[float]] = {"ping": [], "cold": [], "noop": [], "verify": []}
+    calls: dict[str, list[int]] = {k: [] for k in times}
+    tag = connection.rsplit(".", 1)[-1]
+    for run in range(runs):
+        root = f"/opt/dflash-bench-{tag}-{count}-{run}"
+        fresh_root(bed, vmids, root)
+        inv = bed.inventory(tmp / f"inv-{tag}-{count}.yml", vmids=vmids, connection=connection,
+                            group_vars={"dflash_lock": lock, "dflash_root": root})  # fmt: skip
+        extra = {"dflash_launch": False, "dflash_source_dir": str(source)}
+        ping = [str(ANSIBLE_PLAYBOOK).replace("ansible-playbook", "ansible"),
+                "-i", str(inv), "all", "-m", "ansible.builtin.ping"]  # fmt: skip
+        verify = {"dflash_verify_json": str(tmp / "verify.json")}
+        for what, cmd in (("ping", ping), ("cold", playbook_command("deploy.yml", extra, inv)),
+                          ("noop", playbook_command("deploy.yml", extra, inv)),
+                          ("verify", playbook_command("verify.yml", verify, inv))):  # fmt: skip
+            mark = bed.trace_mark()
+            times[what].append(timed(cmd))
+            calls[what].append(calls_per_host(bed, mark, vmids))
+        print(f"{connection}, {count} container(s): run {run + 1}/{runs}", file=sys.stderr)
+    return {
+        "connection": connection, "containers": count, "runs": runs,
+        "seconds": {k: statistics.median(v) for k, v in times.items()},
+        "calls": {k: statistics.median(v) for k, v in calls.items()},
+    }  # fmt: skip
+
+
+HEAD = (f"{'transport':<37} {'n':>2} {'ping s':>6} {'cold s':>6} {'no-op s':>7} "
+        f"{'verify s':>8} {'cold/ping':>9} {'no-op/ping':>10} {'verify/ping':>11} "
+        f"{'pct exec/host cold,no-op,verify,ping':>37}")  # fmt: skip
+
+
+def row_line(row: dict) -> str:
+    sec, calls = row["seconds"], row["calls"]
+    per_host = ",".join(f"{calls[k]:g}" for k in ("cold", "noop", "verify", "ping"))
+    return (f"{row['connection']:<37} {row['containers']:>2} {sec['ping']:>6.2f} "
+            f"{sec['cold']:>6.2f} {sec['noop']:>7.2f} {sec['verify']:>8.2f} "
+            f"{sec['cold'] / sec['ping']:>9.2f} {sec['noop'] / sec['ping']:>10.2f} "
+            f"{sec['verify'] / sec['ping']:>11.2f} {per_host:>37}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--containers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--connections", nargs="+",
+                        default=[PLAIN_PCT_CONNECTION, PCT_CONNECTION])  # fmt: skip
+    parser.add_argument("--files", action="store_true", help="also the 10x-files cold deploy")
+    parser.add_argument("--json", type=Path, help="write the rows here too")
     args = parser.parse_args()
     subprocess.run([str(ANSIBLE_PLAYBOOK), "playbooks/wheelhouse.yml"], cwd=REPO,
                    env=playbook_env(), check=True, capture_output=True)  # fmt: skip
     bed = Testbed.up(containers=max(args.containers))
     rows = []
+    file_calls = {}
     try:
         for wheel in (REPO / ".build" / "wheelhouse").glob("*.whl"):
             shutil.copy(wheel, bed.wheelhouse)
@@ -84,60 +169,43 @@ def main() -> None:
             )
             print("seeding the torch env in every container ...", file=sys.stderr)
             timed(playbook_command("deploy.yml", {"dflash_launch": False}, seed_inv))
-            sources = {1: source_with_files(tmp, 1), 10: source_with_files(tmp, 10)}
+            sources = {1: source_with_files(tmp, 1)}
             for count in args.containers:
-                vmids = bed.vmids[:count]
-                times: dict[str, list[float]] = {"ping": [], "cold": [], "noop": []}
-                calls: list[int] = []
-                for run in range(args.runs):
-                    root = f"/opt/dflash-bench-{count}-{run}"
-                    for vmid in vmids:
-                        bed.attach(vmid, "sh", "-c", f"rm -rf {root} && mkdir -p {root} && "
-                                   f"cp -al {SEED}/envs {root}/envs")  # fmt: skip
-                    inv = bed.inventory(
-                        tmp / f"inv-{count}.yml",
-                        vmids=vmids,
-                        group_vars={"dflash_lock": lock, "dflash_root": root},
-                    )
-                    extra = {"dflash_launch": False, "dflash_source_dir": str(sources[1])}
-                    ping = [str(ANSIBLE_PLAYBOOK).replace("ansible-playbook", "ansible"),
-                            "-i", str(inv), "all", "-m", "ansible.builtin.ping"]  # fmt: skip
-                    times["ping"].append(timed(ping))
+                for connection in args.connections:
+                    rows.append(measure(bed, tmp, connection, count, args.runs, lock, sources[1]))
+                    # each row as soon as it is measured: a long run can be cut short
+                    print(f"{HEAD}\n{row_line(rows[-1])}", file=sys.stderr)
+                    if args.json:
+                        args.json.write_text(json.dumps({"rows": rows}, indent=1))
+            vmid = bed.vmids[0]
+            pct_s = node_seconds(bed, f"/usr/sbin/pct exec {vmid} -- true", args.runs)
+            attach_s = attach_seconds(bed, vmid, args.runs)
+            if args.files:
+                sources[10] = source_with_files(tmp, 10)
+                root = "/opt/dflash-bench-files"
+                for factor, repo in sources.items():
+                    fresh_root(bed, [vmid], root)
+                    group_vars = {"dflash_lock": lock, "dflash_root": root}
+                    inv = bed.inventory(tmp / "inv-files.yml", vmids=[vmid], group_vars=group_vars)
+                    extra = {"dflash_launch": False, "dflash_source_dir": str(repo)}
                     mark = bed.trace_mark()
-                    times["cold"].append(timed(playbook_command("deploy.yml", extra, inv)))
-                    calls.append(max(bed.pct_exec_counts(mark).values()))
-                    times["noop"].append(timed(playbook_command("deploy.yml", extra, inv)))
-                    print(f"{count} container(s): run {run + 1}/{args.runs}", file=sys.stderr)
-                rows.append((count, times, statistics.median(calls)))
-            # The same cold deploy with 10x more files: the pct exec calls must not grow.
-            root = "/opt/dflash-bench-files"
-            file_calls = {}
-            for factor, repo in sources.items():
-                bed.attach(bed.vmids[0], "sh", "-c", f"rm -rf {root} && mkdir -p {root} && "
-                           f"cp -al {SEED}/envs {root}/envs")  # fmt: skip
-                inv = bed.inventory(
-                    tmp / "inv-files.yml",
-                    vmids=bed.vmids[:1],
-                    group_vars={"dflash_lock": lock, "dflash_root": root},
-                )
-                mark = bed.trace_mark()
-                timed(
-                    playbook_command(
-                        "deploy.yml", {"dflash_launch": False, "dflash_source_dir": str(repo)}, inv
-                    )
-                )
-                n_files = sum(1 for _ in (repo / "dflash").rglob("*") if _.is_file())
-                file_calls[factor] = (n_files, bed.pct_exec_counts(mark)[bed.vmids[0]])
+                    timed(playbook_command("deploy.yml", extra, inv))
+                    n_files = sum(1 for _ in (repo / "dflash").rglob("*") if _.is_file())
+                    file_calls[factor] = (n_files, bed.pct_exec_counts(mark)[vmid])
     finally:
         bed.down()
-    print(f"{'containers':>10} {'ping s':>7} {'cold s':>7} {'no-op s':>8} {'cold/ping':>9} "
-          f"{'pct exec/host':>13}")  # fmt: skip
-    for count, times, calls in rows:
-        med = {k: statistics.median(v) for k, v in times.items()}
-        print(f"{count:>10} {med['ping']:>7.2f} {med['cold']:>7.2f} {med['noop']:>8.2f} "
-              f"{med['cold'] / med['ping']:>9.2f} {calls:>13.0f}")  # fmt: skip
+    print(HEAD)
+    for row in rows:
+        print(row_line(row))
+    print(
+        f"pct exec {vmid} -- true on the node: {pct_s:.3f} s; "
+        f"lxc-attach -n {vmid} -- true: {attach_s:.3f} s (median of {args.runs})"
+    )
     for factor, (n_files, calls) in file_calls.items():
         print(f"dflash/ with {n_files} files (x{factor}): {calls} pct exec calls in a cold deploy")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "pct_exec_true_s": pct_s,
+                                         "lxc_attach_true_s": attach_s}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """deploy.yml, verify.yml and rollback.yml unchanged against the test bed: two real LXC
-containers (one unprivileged, Proxmox's default, one privileged) reached through
-community.proxmox.proxmox_pct_remote, checked through the node's HTTPS API with a
+containers (one unprivileged, Proxmox's default, one privileged) reached through dflash_pct
+(community.proxmox.proxmox_pct_remote with pipelining), checked through the node's HTTPS API with a
 privilege-separated token; only the inventory differs."""
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def test_dynamic_inventory_finds_the_tagged_containers(
     facts = found["_meta"]["hostvars"]
     assert set(facts) == {host}
     assert (facts[host]["proxmox_vmid"], facts[host]["proxmox_node"]) == (tagged, bed.node)
-    assert facts[host]["ansible_connection"] == "community.proxmox.proxmox_pct_remote"
+    assert facts[host]["ansible_connection"] == "dflash_pct"
     assert facts[host]["proxmox_tags_parsed"] == ["dflash", "gpu"]
     # Through it, for real: pct over SSH to the container, and community.proxmox's
     # proxmox_vm_info, whose current and pending configs differ by the pending dev0. The bed's

@@ -82,7 +82,7 @@ def test_inventory_targets_the_containers_through_the_plugin(bed: Testbed, tmp_p
     inventory = json.loads(bed.inventory(tmp_path / "inv.yml", group="lxc").read_text())
     group = inventory["all"]["children"]["lxc"]
     assert group["hosts"] == {bed.hostname(v): {"proxmox_vmid": v} for v in bed.vmids}
-    assert group["vars"]["ansible_connection"] == "community.proxmox.proxmox_pct_remote"
+    assert group["vars"]["ansible_connection"] == "dflash_pct"
     assert group["vars"]["ansible_port"] == bed.port
     assert Path(group["vars"]["ansible_ssh_private_key_file"]) == bed.private_key
 

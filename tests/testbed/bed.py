@@ -1,7 +1,7 @@
 """Bring up and tear down a Proxmox-like node on loopback: sshd + real LXC + `pct`/`pvesh` doubles.
 
 bed = Testbed.up(containers=2)      # or the `proxmox_testbed` pytest fixture
-inventory = bed.inventory()         # for community.proxmox.proxmox_pct_remote
+inventory = bed.inventory()         # for the dflash_pct connection (connection_plugins/)
 ...
 bed.down()                          # stops what it started, by pid; removes its folder
 """
@@ -42,6 +42,9 @@ CT_WHEELHOUSE = "/mnt/wheelhouse"
 # The API user and its privilege-separated token that the bed's inventory uses (bed.inventory).
 API_USER = "dflash@pve"
 API_TOKEN = "deploy"
+# The project's pct transport (connection_plugins/dflash_pct.py, pipelining) and the plain one.
+PCT_CONNECTION = "dflash_pct"
+PLAIN_PCT_CONNECTION = "community.proxmox.proxmox_pct_remote"
 REQUIRED_TOOLS = ("lxc-start", "lxc-stop", "lxc-info", "lxc-attach", "unshare", "mount",
                   "ssh-keygen", "debootstrap", "dpkg")  # fmt: skip
 
@@ -331,18 +334,21 @@ class Testbed:
         port: int | None = None,
         group_vars: dict[str, Any] | None = None,
         host_vars: dict[int, dict[str, Any]] | None = None,
+        connection: str = PCT_CONNECTION,
     ) -> Path:
         """Write an Ansible inventory (YAML) reaching the containers through pct over SSH.
 
         One host per container (`ct<vmid>`, with `proxmox_vmid`), in `group`. `port` overrides
         the SSH port (a closed one makes the node unreachable); `group_vars`/`host_vars` add or
-        override variables. Also sets the `proxmox_api_*` variables of the node's HTTPS API
+        override variables. `connection` is the project's pipelining plugin `dflash_pct` unless
+        a test asks for the plain `community.proxmox.proxmox_pct_remote` (PLAIN_PCT_CONNECTION).
+        Also sets the `proxmox_api_*` variables of the node's HTTPS API
         (the privilege-separated token `dflash@pve!deploy`, the CA file to trust) and
         `dflash_wheelhouse` (the container-side wheelhouse path).
         """
         ssh_port = self.port if port is None else port
         common: dict[str, Any] = {
-            "ansible_connection": "community.proxmox.proxmox_pct_remote",
+            "ansible_connection": connection,
             "ansible_host": self.host,
             "ansible_port": ssh_port,
             "ansible_user": self.user,
