@@ -163,12 +163,20 @@ def trainer_findings(facts: dict, heartbeat_max_age: float) -> list[dict]:
         groups.setdefault(proc.get("job", proc["pgid"]), []).append(proc)
     out = []
     if not groups and deployment.get("result") == "healthy":
+        record = (facts.get("trainers") or {}).get("record") or {}
+        # stop.yml notes itself in trainer.json: a stop on purpose is not a crash to read up on.
+        stopped_by = record.get("stopped_by")
         out.append(
             finding(
                 "not_running",
                 f"a trainer of release {current}",
-                "no trainer process",
-                "read runs/latest/train.log, then deploy.yml -e dflash_restart=true",
+                f"no trainer process (stopped by {stopped_by} at {record.get('stopped_at')})"
+                if stopped_by
+                else "no trainer process",
+                f"the trainer was stopped on purpose by playbooks/{stopped_by}; start it again "
+                "with ansible-playbook deploy.yml"
+                if stopped_by
+                else "read runs/latest/train.log, then deploy.yml -e dflash_restart=true",
             )
         )
     if len(groups) > 1:

@@ -238,7 +238,8 @@ def verify_summary_lines(summary: dict) -> list[str]:
     lines = []
     if trainer:
         lines.append(
-            f"trainer: pid {trainer['pid']}, {trainer['state']}, step {trainer['step']}, "
+            f"trainer: pid {trainer['pid']}, {trainer['state'] or 'no status.json'}, step "
+            f"{'-' if trainer['step'] is None else trainer['step']}, "
             f"up {trainer['age_s']} s, status.json {trainer['heartbeat_age_s']} s old"
         )
     slowest = speed.get("slowest_stage")

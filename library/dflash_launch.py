@@ -311,7 +311,8 @@ def adopt(module: AnsibleModule, dog: Watchdog, match: dict, manifest: dict, rel
     leader = next((t for t in find_trainers(root) if t["pid"] == record["pid"]), None)
     log_path = os.path.join(root, RUNS, run_id, "train.log")
     status = wait_healthy(
-        lambda: None if leader and alive(leader) else -1,
+        # Not this process's child: its exit code cannot be read, only that it is gone.
+        lambda: None if leader and alive(leader) else "its process is gone (exit code unknown)",
         os.path.join(root, RUNS, run_id, "status.json"), log_path, manifest["tree_sha256"],
         params["health_timeout"], params["health_steps"], dog.check,
     )  # fmt: skip

@@ -26,14 +26,31 @@ def log_tail(path: str) -> str:
         return "(no log)"
 
 
+def ended(code: int | str | None, status: dict) -> str:
+    """How a trainer ended, in words: its exit code or signal, and what status.json said."""
+    if code is None:
+        how = "status.json says failed while its process still ran"
+    elif isinstance(code, int) and code < 0:
+        how = f"killed by signal {-code}"
+    elif isinstance(code, int):
+        how = f"exited with code {code}"
+    else:
+        how = code
+    state = status.get("state")
+    said = f"status.json: state {state}" if state else "no status.json written"
+    error = status.get("error")
+    return f"{how}; {said}" + (f", error: {error}" if error else "")
+
+
 def wait_healthy(
-    exit_code: Callable[[], int | None], status_path: str, log_path: str, tree: str,
+    exit_code: Callable[[], int | str | None], status_path: str, log_path: str, tree: str,
     timeout: int, steps: int, check: Callable[[], None] = lambda: None,
 ) -> dict:  # fmt: skip
     """status.json once it says `running` after `steps` steps of this run with code `tree`.
 
-    `exit_code()` is None while the trainer lives; `check()` raises to abandon the wait (the
-    play that asked for it is gone)."""
+    `exit_code()` is None while the trainer lives, else its exit code (or, for a trainer this
+    process did not start, why it is gone); `check()` raises to abandon the wait (the play
+    that asked for it is gone)."""
     deadline = time.monotonic() + timeout
     status: dict = {}
     while time.monotonic() < deadline:
@@ -41,10 +58,8 @@ def wait_healthy(
         status = read_json(status_path) or status
         code = exit_code()
         if status.get("state") == "failed" or code is not None:
-            state = status.get("state") or "no status.json written"
-            how = "is still running" if code is None else f"exit code {code}"
             raise LaunchError(
-                f"the trainer failed at start ({how}, state {state}); last lines of "
+                f"the trainer failed at start ({ended(code, status)}); last lines of "
                 f"{log_path}:\n{log_tail(log_path)}"
             )
         # Steps of this run: a trainer that resumed a checkpoint starts from its step.

@@ -60,6 +60,20 @@ def deployed(tmp_path_factory: pytest.TempPathFactory, local_envs: Path) -> dict
         ("rollback.yml", {"dflash_release": "v7"}, ["Unknown rollback target 'v7'", "v1"]),
         ("rollback.yml", {}, ["no earlier deployment", "dflash_release=<id>"]),
         ("deploy.yml", {"dflash_keep_releases": 0}, ["dflash_keep_releases=0", "1 or more"]),
+        # The wrong type, refused by the dflash role's argument spec before any task runs.
+        (
+            "deploy.yml",
+            {"dflash_keep_releases": "many"},
+            ["argument 'dflash_keep_releases' is of type str and we were unable to convert to int"],
+        ),
+        (
+            "rollback.yml",
+            {"dflash_health_steps": "x", "dflash_restart": "maybe"},
+            [
+                "'dflash_health_steps' is of type str and we were unable to convert to int",
+                "'dflash_restart' is of type str and we were unable to convert to bool",
+            ],
+        ),
         # What the trainer itself would refuse at start, refused by its own parser first.
         (
             "deploy.yml",
@@ -148,6 +162,8 @@ def test_warnings_for_unknown_variables_and_code_changing_env(deployed):
     warning = "[WARNING]: dflash_restrat is set but unknown to dflash-deploy"
     assert f"{warning} (did you mean dflash_restart?)" in run.text
     assert "dflash_trainer_env sets LD_PRELOAD='/x.so'" in run.text
+    # Every variable's type is checked once per play, by the dflash role, not once per role.
+    assert run.output.count("Validating arguments against arg spec") == 1, run.output
     assert snapshot(root) == before
 
 

@@ -49,6 +49,15 @@ def test_slow_release_is_rolled_back_by_the_throughput_gate(
     assert "throughput gate" in flat and "(dflash_min_throughput_ratio)" in flat
     assert f"0.5 x {REFERENCE:.1f} tokens/s of the median of the 1 newest healthy" in flat
     assert "Release v1 is current again and its trainer runs" in flat
+    # The wait (5 steps of at least 2 s each) showed progress while it ran: a line naming it
+    # first, then Ansible's retry line of the wait task every 5 s (at least one on any machine,
+    # more on a slower one).
+    assert "Waiting up to 180 s for 5 training steps of release v2" in flat, slow.output
+    polls = [
+        line for line in slow.output.splitlines()
+        if line.startswith("FAILED - RETRYING: [local]:") and "health check" in line
+    ]  # fmt: skip
+    assert polls, slow.output
 
     # Code, env and run.sh of the v1 deployment are back, and its trainer trains.
     assert os.readlink(target_root / "current") == "releases/v1"

@@ -107,6 +107,9 @@ def test_crash_at_start_puts_the_previous_release_back(deploy, trainer_repo, tar
     assert run.rc != 0
     flat = " ".join(run.output.split())
     assert "boom: this release cannot start" in flat, "the log tail is missing"
+    # The real way it ended, never a "state None".
+    assert "the trainer failed at start (exited with code 1; " in flat, run.output
+    assert "state None" not in flat
     assert "Release v1 is current again and its trainer runs" in flat, run.output
     assert os.readlink(target_root / "current") == "releases/v1"
     back = read_json(target_root / "trainer.json")

@@ -105,3 +105,16 @@ def test_each_drift_is_found_and_named(deploy, trainer_repo, playbook, target_ro
     time.sleep(1)
     [item] = kinds(verify())["not_running"]
     assert "v2" in item["expected"]
+    assert "read runs/latest/train.log" in item["hint"]
+    # Stopped on purpose by stop.yml: the hint says so and how to start it again.
+    assert deploy("v2").rc == 0
+    stop = playbook("playbooks/stop.yml")
+    assert stop.rc == 0, stop.output
+    run = verify()
+    [item] = kinds(run)["not_running"]
+    assert item["hint"] == (
+        "the trainer was stopped on purpose by playbooks/stop.yml; start it again with "
+        "ansible-playbook deploy.yml"
+    ), item
+    assert "stopped by stop.yml at " in item["found"]
+    assert "playbooks/stop.yml; start it again with ansible-playbook deploy.yml" in run.text
