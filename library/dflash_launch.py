@@ -92,6 +92,17 @@ options:
   token:
     description: The deploy lock's token of this run (M(dflash_deploy_lock)).
     type: str
+  release:
+    description:
+      - The release this run makes current. Read in check mode only, where C(current) was not
+        switched; a run that changes the release would (re)start the trainer.
+    type: str
+  run_sh_changes:
+    description:
+      - Whether this run rewrites run.sh. Read in check mode only, where run.sh was not
+        rewritten; a run that changes it would restart the trainer.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -328,9 +339,30 @@ def adopt(module: AnsibleModule, dog: Watchdog, match: dict, manifest: dict, rel
     return result
 
 
+def would_change(params: dict, current: str | None, trainers: list[dict]) -> str | None:
+    """Check mode: why the real run would (re)start the trainer although what is on disk
+    (not switched, not rewritten in check mode) still matches the running one."""
+    new = params["release"]
+    if new and new != current:
+        why = f"current changes: {current or 'none'} -> {new}"
+    elif params["run_sh_changes"]:
+        why = "run.sh changes"
+    else:
+        return None
+    verb = "restart" if trainers else "start"
+    return f"would {verb} the trainer of release {new or current} ({why})"
+
+
 def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: dict) -> dict:
     params, root = module.params, module.params["root"]
     release, _link = current_release(root)
+    if module.check_mode and (msg := would_change(params, release, trainers)):
+        result.update(
+            changed=True,
+            msg=msg,
+            would={"stop": jobs(trainers), "start": params["release"] or release},
+        )
+        return result
     if release is None:
         raise LaunchError(f"{root}/current is missing or dangling; deploy first")
     folder = os.path.join(root, RELEASES, release)
@@ -441,6 +473,8 @@ def main() -> None:
             "action": {"type": "str", "choices": ["deploy", "rollback"], "default": "deploy"},
             "previous": {"type": "str"},
             "token": {"type": "str", "no_log": False},
+            "release": {"type": "str"},
+            "run_sh_changes": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )

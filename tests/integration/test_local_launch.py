@@ -29,6 +29,11 @@ def test_healthy_launch_no_restart_then_clean_switch(deploy, playbook, trainer_r
     assert read_json(target_root / "trainer.json")["pid"] == record["pid"]
 
     add_release(trainer_repo, "v2", "dflash/__init__.py", "# v2\n")
+    # --check says what the real run does next: restart, not "already running".
+    dry = deploy("v2", _check=True)
+    flat = " ".join(dry.output.split())
+    assert dry.rc == 0 and "would restart the trainer of release v2" in flat, dry.output
+    assert "already running" not in flat and read_json(target_root / "trainer.json") == record
     second = deploy("v2")
     assert second.rc == 0, second.output
     new = read_json(target_root / "trainer.json")
