@@ -43,6 +43,12 @@ def _steps(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+def newest_step(folder: Path) -> int | None:
+    """The step of the newest checkpoint file in `folder` (not loaded), or None."""
+    found = _steps(folder)
+    return found[0][0] if found else None
+
+
 def load_latest(
     folder: Path, warn: Callable[[str], None], mmap: bool = False
 ) -> tuple[Path, dict[str, Any]] | None:

@@ -25,6 +25,19 @@ def torchrun_rank() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def job_fields(layout: Layout, rank: int) -> dict[str, Any]:
+    """status.json's `job`: which node of which torchrun job this is. `rdzv_id` is torchrun's
+    rendezvous id (TORCHELASTIC_RUN_ID), the same on every node of one job; `world_size` is the
+    rank count the rendezvous formed, so the lead's figure says whether every node joined."""
+    return {
+        "rdzv_id": os.environ.get("TORCHELASTIC_RUN_ID"),
+        "node_rank": layout.node_of(rank),
+        "nnodes": layout.nnodes,
+        "world_size": layout.world_size,
+        "lead": rank == layout.lead,
+    }
+
+
 class Cluster:
     def __init__(self, layout: Layout, rank: int, timeout_s: float) -> None:
         self.layout = layout
@@ -88,6 +101,23 @@ class Cluster:
             return value
         box = [value]
         dist.broadcast_object_list(box, src=src, group=self.control)
+        return box[0]
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's value (a small picklable object), by rank, on every rank."""
+        if not self.distributed:
+            return [value]
+        values: list[Any] = [None] * self.layout.world_size
+        dist.all_gather_object(values, value, group=self.control)
+        return values
+
+    def share_drafters(self, value: Any, src: int) -> Any:
+        """Every drafter rank gets drafter rank `src`'s value (a checkpoint of a job over
+        several nodes: only the lead's node holds the file)."""
+        if not self.distributed:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=src, group=self.drafters_control)
         return box[0]
 
     def close(self) -> None:

@@ -117,10 +117,23 @@ class Layout:
     mode: str
     ranks: tuple[Rank, ...]  # by global rank
     source: dict[int, int]  # drafter rank -> the rank computing its features (itself if colocated)
+    per_node: int = 1  # ranks per node (torchrun's --nproc-per-node)
 
     @property
     def world_size(self) -> int:
         return len(self.ranks)
+
+    @property
+    def nnodes(self) -> int:
+        return self.world_size // self.per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.per_node
+
+    def reports(self, rank: int) -> bool:
+        """The first drafter rank of each node writes that node's status.json (the deploy's
+        health check and verify read it on every host of a multi-node job)."""
+        return rank == min(r for r in self.drafter_ranks if self.node_of(r) == self.node_of(rank))
 
     @property
     def drafter_ranks(self) -> list[int]:
@@ -128,7 +141,8 @@ class Layout:
 
     @property
     def lead(self) -> int:
-        """The first drafter rank: it alone writes status.json, checkpoints and the log."""
+        """The first drafter rank: it alone writes checkpoints and the log (and status.json on
+        its node)."""
         return self.drafter_ranks[0]
 
     def served_by(self, rank: int) -> list[int]:
@@ -174,7 +188,7 @@ def plan_layout(roles: Roles, world_size: int, on_cpu: bool = False) -> Layout:
         ranks.append(Rank(rank, gpu, target=is_target, drafter=not is_target))
         if not is_target:
             source[rank] = node * per_node + (local - num_targets) % num_targets
-    return Layout(roles.mode, tuple(ranks), source)
+    return Layout(roles.mode, tuple(ranks), source, per_node)
 
 
 def _text(ids: list[int]) -> str:

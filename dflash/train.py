@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import signal
 import sys
 import threading
@@ -26,7 +27,7 @@ import torch
 
 from dflash import checkpoint
 from dflash.assemble import build_server, build_trainer
-from dflash.cluster import Cluster, torchrun_rank
+from dflash.cluster import Cluster, job_fields, torchrun_rank
 from dflash.errors import ConfigError
 from dflash.flags import train_parser
 from dflash.model import DrafterConfig
@@ -88,17 +89,29 @@ def init_plan(folder: Path, cfg: DrafterConfig, target_model: str) -> PublicDraf
     return drafter
 
 
+def checkpoint_holder(cluster: Cluster, folder: Path) -> int:
+    """The rank that plans the start: the lead, or in a job over several nodes the reporting
+    rank of the node with the newest checkpoint (torchrun's c10d rendezvous numbers the nodes
+    itself, so the lead that saved the last checkpoint may be on another node now)."""
+    layout = cluster.layout
+    if layout.nnodes == 1:
+        return layout.lead
+    steps = cluster.gather(checkpoint.newest_step(folder) if layout.reports(cluster.rank) else None)
+    found = [(step, -rank) for rank, step in enumerate(steps) if step is not None]
+    return -max(found)[1] if found else layout.lead
+
+
 def shared_plan(
-    cluster: Cluster, plan: Callable[[], dict[str, Any]] | None = None
+    cluster: Cluster, holder: int, plan: Callable[[], dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    """The lead's `plan()` on every rank; a refusal there stops every rank with its message."""
+    """The holder's `plan()` on every rank; a refusal there stops every rank with its message."""
     mine: dict[str, Any] | None = None
-    if plan is not None and cluster.rank == cluster.layout.lead:
+    if plan is not None and cluster.rank == holder:
         try:
             mine = plan()
         except ConfigError as exc:
             mine = {"error": str(exc)}
-    shared = cluster.share(mine, src=cluster.layout.lead)
+    shared = cluster.share(mine, src=holder)
     if "error" in shared:
         raise ConfigError(shared["error"])
     return shared
@@ -125,7 +138,8 @@ def resume(
             where["init_from"] = args.init_from
         return where
 
-    where = shared_plan(cluster, plan)
+    holder = checkpoint_holder(cluster, Path(args.checkpoint_dir))
+    where = shared_plan(cluster, holder, plan)
     if where["path"] is None:
         if where.get("init_from"):
             initial = loaded.get("init") or read_folder(Path(where["init_from"]))
@@ -134,7 +148,10 @@ def resume(
                 log(f"initialised the drafter from {where['init_from']}")
         return 0
     path = Path(where["path"])
-    payload = loaded or torch.load(path, map_location="cpu", weights_only=True)
+    if cluster.layout.nnodes > 1:  # the other nodes do not have the holder's checkpoint folder
+        payload = cluster.share_drafters(loaded or None, src=holder)
+    else:
+        payload = loaded or torch.load(path, map_location="cpu", weights_only=True)
     if not trainer.load_state_dict(payload["step"], payload) and lead:
         log("warning: the data differ from the checkpoint's; the data order starts over")
     # resumed_from_step: a deploy's health check counts the steps of this run from there.
@@ -220,10 +237,8 @@ def train(args: argparse.Namespace, cluster: Cluster, status: StatusFile, stop: 
         loss, num_tokens = cluster.step_totals(result.loss, result.num_tokens)
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {result.step}")
-        tokens_per_s = throughput.add(num_tokens)
+        tokens_per_s = throughput.add(num_tokens)  # the whole job's tokens: the same on every rank
         stages.add({**result.stages, "step": throughput.last_step_s})
-        if not lead:
-            continue
         means = stages.means()
         status.update(
             step=result.step,
@@ -232,8 +247,10 @@ def train(args: argparse.Namespace, cluster: Cluster, status: StatusFile, stop: 
             throughput_window=throughput.window,
             stages=means,
         )
-        if status.snapshot()["state"] != "running":
+        if status.enabled and status.snapshot()["state"] != "running":
             status.write(state="running")  # only now: a real optimizer step is done
+        if not lead:
+            continue
         if result.step % args.log_every == 0 or throughput.count == 1:
             log(
                 f"step {result.step} loss {loss:.4f} tokens/s {tokens_per_s:.0f} "
@@ -246,6 +263,7 @@ def train(args: argparse.Namespace, cluster: Cluster, status: StatusFile, stop: 
             stop.event.wait(args.sleep_per_step)
     trainer.source.close()
     if not lead:
+        status.write(state="stopped")  # another node's status.json; the lead checkpoints
         return 0
     reason = stop.reason or (
         f"--max-steps {args.max_steps} reached"
@@ -264,7 +282,8 @@ def serve(args: argparse.Namespace, cluster: Cluster) -> int:
     """A target rank of split mode: features for its drafter ranks until they stop."""
     say = rank_log(cluster)
     server = build_server(args, cluster, say)
-    plan = shared_plan(cluster)  # the lead decides where to start; target ranks follow
+    # The holder decides where to start; target ranks follow.
+    plan = shared_plan(cluster, checkpoint_holder(cluster, Path(args.checkpoint_dir)))
     if plan["data"] is not None and not server.order.load_state_dict(plan["data"]):
         say("warning: the data differ from the checkpoint's; the data order starts over")
     steps = server.run()
@@ -299,18 +318,20 @@ def main(argv: list[str] | None = None) -> int:
     code_tree_sha256()  # hash the code first: that is the code this process holds
     args = train_parser().parse_args(argv)
     rank, world_size = torchrun_rank()
-    # Until the layout names the lead, rank 0 reports (a bad flag fails every rank alike).
+    # Until the layout names the reporters, each node's first process reports (a bad flag
+    # fails every rank alike).
+    first_on_node = int(os.environ.get("LOCAL_RANK", "0")) == 0
     status = StatusFile(
-        Path(args.status_file), args.run_id, args.status_interval, enabled=rank == 0
+        Path(args.status_file), args.run_id, args.status_interval, enabled=first_on_node
     )
     stop = StopRequest()
     try:
         roles = resolve_roles(args.target_gpus, args.drafter_gpus, check_gpus=not args.cpu_ranks)
         layout = plan_layout(roles, world_size, on_cpu=args.cpu_ranks)
-        status.enabled = rank == layout.lead
-        status.write(state="starting", gpus=roles.as_dict())
+        status.enabled = layout.reports(rank)
+        status.write(state="starting", gpus=roles.as_dict(), job=job_fields(layout, rank))
         status.start_heartbeat()
-        if status.enabled:
+        if status.enabled:  # every node's train.log says what runs there
             extra = {"mode": roles.mode, "ranks": describe(layout)}
             for line in header_lines(args.run_id, roles.as_dict(), extra):
                 log(line)
