@@ -80,7 +80,7 @@ def _post_process(rootfs: Path) -> None:
     for deb in (rootfs / "var/cache/apt/archives").glob("*.deb"):
         deb.unlink()
     (rootfs / "etc/hostname").write_text("localhost\n")
-    # The containers run with an empty network: nothing inside must wait for a resolver.
+    # Nothing inside may wait for a resolver (the containers have no DNS of their own).
     (rootfs / "etc/resolv.conf").unlink(missing_ok=True)
     (rootfs / "etc/resolv.conf").write_text("")
 

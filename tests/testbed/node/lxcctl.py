@@ -16,8 +16,10 @@ Derived as pve-container src/PVE/LXC.pm `update_lxc_config` does where it matter
   devices controller, which this kernel has, and drops its v1 keys as PVE 8 would ignore them;
   other `lxc.cgroup2.*` keys (memory, cpu) cannot be enforced here and are left out;
 - a Debian newer than pve-container knows (LXC/Setup/Debian.pm: above 14) starts with a warning.
-Differences on purpose: `netN` is ignored (the network is `empty`: everything reaches a container
-through `pct exec`); memory/cores are not enforced; storage volumes are folders under the bed.
+Differences on purpose: a container with a `netN` shares the node's network namespace (LXC's
+`none`) instead of a veth on the bridge: the bed's stand-in for `vmbr0`, so the containers of a
+job reach each other (and the node) at 127.0.0.1; without one it has only loopback (`empty`).
+Memory/cores are not enforced; storage volumes are folders under the bed.
 """
 
 from __future__ import annotations
@@ -88,13 +90,17 @@ def derive_lxc_config(vmid: int, section: Section, node: NodeConfig) -> str:
     opts = section.options
     unpriv = unprivileged(section)
     base = node.shifted_rootfs if unpriv else node.base_rootfs
+    shared_net = any(key.startswith("net") and key[3:].isdigit() for key in opts)
     lines = [
         f"# derived by the dflash test bed from nodes/{node.node}/lxc/{vmid}.conf at start",
         f"lxc.uts.name = {opts.get('hostname', f'CT{vmid}')}",
         f"lxc.rootfs.path = overlay:{base}:{ct_dir / 'delta'}",
-        "lxc.net.0.type = empty",
+        # The bed's vmbr0: the node's own network (see the module's docstring).
+        f"lxc.net.0.type = {'none' if shared_net else 'empty'}",
         "lxc.apparmor.profile = unconfined",
-        "lxc.mount.auto = proc:mixed sys:mixed cgroup:mixed",
+        # sysfs can only be mounted by the owner of the network namespace: one that shares the
+        # node's gets the node's /sys bound instead.
+        "lxc.mount.auto = proc:mixed cgroup:mixed" + ("" if shared_net else " sys:mixed"),
         "lxc.autodev = 1",
         "lxc.pty.max = 64",
         "lxc.tty.max = 0",
@@ -102,6 +108,8 @@ def derive_lxc_config(vmid: int, section: Section, node: NodeConfig) -> str:
         f"lxc.mount.entry = {INIT_STATIC} usr/sbin/init.lxc none bind,ro,create=file 0 0",
         f"lxc.init.cmd = /usr/sbin/init.lxc -n {vmid} -- /bin/sleep infinity",
     ]
+    if shared_net:
+        lines.append("lxc.mount.entry = /sys sys none rbind,ro,create=dir 0 0")
     if unpriv:
         lines += [f"lxc.idmap = u 0 {ID_SHIFT} 65536", f"lxc.idmap = g 0 {ID_SHIFT} 65536"]
     if opts.get("arch"):

@@ -221,7 +221,8 @@ def _interfaces(req: Request) -> object:
     vmid = req.vmid()
     if not req.node.running(vmid):
         raise PveError(f"CT {vmid} not running")
-    # The bed's containers have no network (lxc.net.0.type = empty): loopback only.
+    # The bed's containers share the node's network (lxc.net.0.type = none) or have none:
+    # their own interface is loopback.
     return [{"name": "lo", "hwaddr": "00:00:00:00:00:00", "inet": "127.0.0.1/8",
              "inet6": "::1/128"}]  # fmt: skip
 
