@@ -57,6 +57,7 @@ def trainer_summary(facts: dict) -> dict | None:
         "started_at": leader.get("started_at"),
         "age_s": leader.get("age_s"),
         "heartbeat_age_s": leader.get("heartbeat_age_s"),
+        "job": status.get("job"),  # which node of which torchrun job (dflash.cluster.job_fields)
     }
 
 

@@ -103,6 +103,18 @@ options:
         rewritten; a run that changes it would restart the trainer.
     type: bool
     default: false
+  job:
+    description:
+      - This host's part of a training job over several hosts (C(name), C(hosts), C(nnodes),
+        C(world_size), C(rdzv_id)); empty for a host on its own.
+      - Healthy then also means that the trainer's C(status.json) names this rendezvous id and
+        the job's world size (every host's ranks joined).
+    type: dict
+    default: {}
+  stopped_by:
+    description: What C(trainer.json) says stopped the trainer (I(state=stopped)).
+    type: str
+    default: stop.yml
 attributes:
   check_mode:
     support: full
@@ -165,7 +177,12 @@ from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_deploy_lock import LockError, Watchdog, fence
-from ansible.module_utils.dflash_health import LaunchError, throughput_problem, wait_healthy
+from ansible.module_utils.dflash_health import (
+    LaunchError,
+    job_problem,
+    throughput_problem,
+    wait_healthy,
+)
 from ansible.module_utils.dflash_procs import (
     ROOT_MARKER,
     alive,
@@ -268,16 +285,16 @@ def stop(module: AnsibleModule, root: str, trainers: list[dict]) -> dict:
         fence(root, params["token"], phase="stop")
     result["stopped"] = stop_all(trainers, params["stop_timeout"], root)
     record = read_json(os.path.join(root, TRAINER_FILE)) or {}
-    record.update(stopped_at=utc_now(), stopped_by="stop.yml")
+    record.update(stopped_at=utc_now(), stopped_by=params["stopped_by"])
     write_json_atomic(os.path.join(root, TRAINER_FILE), record)
     result["msg"] = stop_summary(result["stopped"])
     return result
 
 
 def judge(params: dict, status: dict, run_id: str, log_path: str) -> float:
-    """The throughput gate on a healthy status; returns its tokens/s."""
+    """The job check and the throughput gate on a healthy status; returns its tokens/s."""
     tokens_per_s = float(status.get("tokens_per_s") or 0.0)
-    problem = throughput_problem(params, tokens_per_s)
+    problem = job_problem(status, params["job"]) or throughput_problem(params, tokens_per_s)
     if problem:
         raise LaunchError(
             f"{problem} after {status.get('step')} steps; see {log_path}",
@@ -475,6 +492,8 @@ def main() -> None:
             "token": {"type": "str", "no_log": False},
             "release": {"type": "str"},
             "run_sh_changes": {"type": "bool", "default": False},
+            "job": {"type": "dict", "default": {}},
+            "stopped_by": {"type": "str", "default": "stop.yml"},
         },
         supports_check_mode=True,
     )

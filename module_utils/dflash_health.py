@@ -95,3 +95,22 @@ def throughput_problem(params: dict, tokens_per_s: float) -> str | None:
             "(dflash_min_throughput_ratio)"
         )
     return None
+
+
+def job_problem(status: dict, job: dict) -> str | None:
+    """Why a healthy-looking trainer of a job over several hosts is not in that job: another
+    rendezvous, or fewer ranks than the job's hosts give (a node missing), else None."""
+    if not job:
+        return None
+    seen = status.get("job") or {}
+    if seen.get("rdzv_id") != job.get("rdzv_id"):
+        return (
+            f"the trainer is in rendezvous {seen.get('rdzv_id')!r}, not job {job.get('name')}'s "
+            f"{job.get('rdzv_id')!r}"
+        )
+    if seen.get("world_size") != job.get("world_size"):
+        return (
+            f"the trainer's job has {seen.get('world_size')} ranks, job {job.get('name')} needs "
+            f"{job.get('world_size')} (hosts {', '.join(job.get('hosts', []))})"
+        )
+    return None

@@ -102,6 +102,20 @@ def test_a_multi_node_rendezvous_is_the_users_not_standalone(tmp_path):
     assert argv[4:10] == rendezvous
 
 
+def test_a_job_gets_the_rendezvous_its_plan_derives(tmp_path):
+    job = {"name": "j1", "hosts": ["a", "b"], "nnodes": 2, "world_size": 16,
+           "rdzv_id": "j1-0123456789ab", "endpoint": "10.0.0.11:29400", "address": "10.0.0.12",
+           "is_host": False}  # fmt: skip
+    run, run_sh = render(tmp_path, **FIELD, dflash_runscript_job=job)
+    assert run.rc == 0, run.output
+    argv = execute(run_sh, tmp_path)["argv"]
+    assert "--standalone" not in argv
+    assert argv[4:16] == [
+        "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.11:29400",
+        "--rdzv-id", "j1-0123456789ab", "--rdzv-conf", "is_host=0", "--local-addr", "10.0.0.12",
+    ]  # fmt: skip
+
+
 HOSTILE = [
     "two words",
     'it\'s "quoted"',

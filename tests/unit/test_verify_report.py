@@ -133,3 +133,28 @@ def test_the_junit_case_of_each_host_carries_its_figures_and_checks():
     cpu = {p.get("name"): p.get("value") for p in cases["ct101"].iter("property")}
     assert cpu["check.gpu"] == "not applicable: no nvidia-smi on the target (a CPU target)"
     assert cases["ct102"].find("properties") is None
+
+
+def test_a_job_gets_a_test_case_and_a_verdict_series():
+    jobs = {
+        "j1": {"verdict": "broken", "findings": [
+            {"kind": "job_trainer", "host": "ct201", "expected": "a trainer of the job",
+             "found": "no trainer", "hint": "ansible-playbook deploy.yml"}]},
+        "j2": {"verdict": "ok", "findings": []},
+    }  # fmt: skip
+    suite = ElementTree.fromstring(report_plugin.junit_xml({"ct200": {"verdict": "ok"}}, jobs))
+    assert (suite.get("tests"), suite.get("failures")) == ("3", "1")
+    cases = {case.get("name"): case for case in suite.iter("testcase")}
+    failure = cases["j1"].find("failure")
+    assert failure.get("message") == "job broken: 1 finding(s)"
+    assert "job_trainer ct201: expected a trainer of the job, found no trainer" in failure.text
+    assert cases["j2"].find("failure") is None
+    text = report_plugin.prometheus_text({}, 0.0, jobs).decode()
+    series = {
+        (sample.labels["job"], sample.labels["verdict"]): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "dflash_job_verdict"
+        for sample in family.samples
+    }
+    assert series[("j1", "broken")] == 1 and series[("j1", "ok")] == 0
+    assert series[("j2", "ok")] == 1

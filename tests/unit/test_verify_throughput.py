@@ -151,6 +151,7 @@ def test_the_summary_carries_the_figures_and_what_each_check_looked_at():
     assert summary["trainer"] == {
         "pid": 4242, "run_id": "r1", "state": "running", "step": 400,
         "started_at": "2026-12-01T10:00:00+00:00", "age_s": 300.0, "heartbeat_age_s": 1.5,
+        "job": None,
     }  # fmt: skip
     assert summary["checks"] == {
         "throughput": "judged over the last 20 steps",

@@ -7,6 +7,7 @@ import os
 import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
@@ -23,6 +24,12 @@ description:
     audit, not changes to a target, so it always reports C(changed=false) and writes in check
     mode too.
 options:
+  jobs:
+    description:
+      - job -> its verdict (ok, drift, broken), C(hosts), C(release), C(rdzv_id), C(world_size),
+        C(nodes) and C(findings), from filter_plugins/dflash_job_verify.py.
+    type: dict
+    default: {}
   report:
     description:
       - host -> C(verdict) (ok, drift, unreachable), C(release), C(findings), and the figures
@@ -30,7 +37,7 @@ options:
     type: dict
     required: true
   json_path:
-    description: "Where the JSON report goes: an object with the key C(hosts) holding the report."
+    description: "Where the JSON report goes: an object with the keys C(hosts) and C(jobs)."
     type: path
     required: true
   junit_path:
@@ -79,6 +86,7 @@ prom_path:
 KINDS = ("code", "release", "stale_process", "duplicate_trainer", "not_running",
          "heartbeat_stale", "environment", "run_script", "cache", "throughput", "gpu")  # fmt: skip
 VERDICTS = ("ok", "drift", "unreachable")
+JOB_VERDICTS = ("ok", "drift", "broken")
 REFERENCES = ("health_check", "fastest")
 
 
@@ -89,15 +97,29 @@ def _what(item: dict) -> str:
     return f"GPU {item['gpu']}" if item.get("gpu") is not None else ""
 
 
-def junit_xml(report: dict[str, dict]) -> bytes:
+def _failure(
+    case: ElementTree.Element, message: str, findings: list[dict], what: Callable[[dict], str]
+) -> None:
+    """A <failure> whose text has a line per finding: kind, what, expected, found, the fix."""
+    failure = ElementTree.SubElement(case, "failure", message=message)
+    failure.text = "\n" + "".join(
+        f"{item.get('kind')} {what(item)}: expected {item.get('expected')}, "
+        f"found {item.get('found')}; fix: {item.get('hint')}\n"
+        for item in findings
+    )
+
+
+def junit_xml(report: dict[str, dict], jobs: dict[str, dict] | None = None) -> bytes:
     """One <testcase> per host: a <failure> listing the findings of a drifted host, an <error>
-    for one that could not be read."""
+    for one that could not be read; one per job, failed unless its verdict is ok."""
+    jobs = jobs or {}
     verdicts = [result.get("verdict") for result in report.values()]
+    failed_jobs = sum(job.get("verdict") != "ok" for job in jobs.values())
     suite = ElementTree.Element(
         "testsuite",
         name="dflash-verify",
-        tests=str(len(report)),
-        failures=str(verdicts.count("drift")),
+        tests=str(len(report) + len(jobs)),
+        failures=str(verdicts.count("drift") + failed_jobs),
         errors=str(verdicts.count("unreachable")),
     )
     for host, result in sorted(report.items()):
@@ -114,14 +136,13 @@ def junit_xml(report: dict[str, dict]) -> bytes:
         elif result.get("verdict") == "drift":
             findings = result.get("findings") or []
             kinds = list(dict.fromkeys(str(item.get("kind")) for item in findings))
-            failure = ElementTree.SubElement(
-                case, "failure", message=f"{len(findings)} finding(s): {', '.join(kinds)}"
-            )
-            failure.text = "\n" + "".join(
-                f"{item.get('kind')} {_what(item)}: expected {item.get('expected')}, "
-                f"found {item.get('found')}; fix: {item.get('hint')}\n"
-                for item in findings
-            )
+            _failure(case, f"{len(findings)} finding(s): {', '.join(kinds)}", findings, _what)
+    for name, job in sorted(jobs.items()):
+        case = ElementTree.SubElement(suite, "testcase", classname="dflash.verify.job", name=name)
+        if job.get("verdict") != "ok":
+            findings = job.get("findings") or []
+            message = f"job {job.get('verdict')}: {len(findings)} finding(s)"
+            _failure(case, message, findings, lambda item: str(item.get("host")))
     ElementTree.indent(suite)
     return ElementTree.tostring(suite, encoding="UTF-8", xml_declaration=True) + b"\n"
 
@@ -146,8 +167,8 @@ def host_figures(result: dict) -> dict[str, Any]:
     return {name: value for name, value in figures.items() if value is not None}
 
 
-def prometheus_text(report: dict[str, dict], now: float) -> bytes:
-    """The report as Prometheus text-format metrics, one series per host and label."""
+def prometheus_text(report: dict[str, dict], now: float, jobs: dict | None = None) -> bytes:
+    """The report as Prometheus text-format metrics, one series per host (and job) and label."""
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
     registry = CollectorRegistry()
@@ -208,6 +229,13 @@ def prometheus_text(report: dict[str, dict], now: float) -> bytes:
             step.labels(host).set(trainer["step"])
         if trainer.get("heartbeat_age_s") is not None:
             age.labels(host).set(trainer["heartbeat_age_s"])
+    job_verdict = Gauge(
+        "dflash_job_verdict", "1 for the job's verdict, 0 for the others.", ("job", "verdict"),
+        registry=registry,
+    )  # fmt: skip
+    for name, job in sorted((jobs or {}).items()):
+        for value in JOB_VERDICTS:
+            job_verdict.labels(name, value).set(int(job.get("verdict") == value))
     return generate_latest(registry)
 
 
@@ -228,7 +256,7 @@ def write_atomically(path: str, data: bytes) -> None:
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("report", "json_path", "junit_path", "prom_path"))
+    _VALID_ARGS = frozenset(("report", "jobs", "json_path", "junit_path", "prom_path"))
     _supports_check_mode = True
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
@@ -236,20 +264,21 @@ class ActionModule(ActionBase):
         _, args = self.validate_argument_spec(
             argument_spec={
                 "report": {"type": "dict", "required": True},
+                "jobs": {"type": "dict", "default": {}},
                 "json_path": {"type": "path", "required": True},
                 "junit_path": {"type": "path", "required": True},
                 "prom_path": {"type": "path"},
             }
         )
-        report = args["report"]
+        report, jobs = args["report"], args["jobs"]
         try:
+            document = {"hosts": report, "jobs": jobs}
             write_atomically(
-                args["json_path"],
-                (json.dumps({"hosts": report}, indent=4, sort_keys=True) + "\n").encode(),
+                args["json_path"], (json.dumps(document, indent=4, sort_keys=True) + "\n").encode()
             )
-            write_atomically(args["junit_path"], junit_xml(report))
+            write_atomically(args["junit_path"], junit_xml(report, jobs))
             if args["prom_path"]:
-                write_atomically(args["prom_path"], prometheus_text(report, time.time()))
+                write_atomically(args["prom_path"], prometheus_text(report, time.time(), jobs))
                 result["prom_path"] = args["prom_path"]
         except OSError as err:
             raise AnsibleActionFail(f"cannot write the verify reports: {err}") from err
