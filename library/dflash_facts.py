@@ -119,7 +119,9 @@ trainers:
   type: dict
   returned: always
 environment:
-  description: The env of that deployment, C(exists) and C(drift) (packages against its lock).
+  description:
+    - The env of that deployment, C(exists), C(drift) (packages against its lock), C(python)
+      and C(adopted) (the interpreter of a lock that adopts one).
   type: dict
   returned: always
 cache:
@@ -148,6 +150,12 @@ lock_problems:
   type: list
   elements: str
   returned: when lock is given
+wanted_env:
+  description:
+    - The env of I(lock) (C(envs/<lock-id>)) as C(environment) describes one, with C(python),
+      the interpreter run.sh would start; a deploy whose env exists without drift builds none.
+  type: dict
+  returned: when lock is given and is a valid lock
 """
 
 import os
@@ -162,7 +170,11 @@ from ansible.module_utils.dflash_lock import (
     adopts,
     installed_versions,
     interpreter_versions,
+    lock_problems,
     version_drift,
+)
+from ansible.module_utils.dflash_lock import (
+    lock_id as lock_id_of,
 )
 from ansible.module_utils.dflash_procs import find_trainers
 from ansible.module_utils.dflash_release import file_drift, tree_sha256
@@ -210,7 +222,7 @@ def trainers(root: str) -> dict:
         releases = os.path.join(os.path.realpath(root), RELEASES) + os.sep
         processes.append({
             "pid": proc["pid"], "pgid": proc["pgid"], "job": proc["job"],
-            "cmdline": proc["cmdline"],
+            "state": proc["state"], "cmdline": proc["cmdline"],
             "run_id": proc["run_id"], "cache_dir": proc["cache_dir"], "cwd": cwd,
             "release": cwd[len(releases):].split(os.sep)[0] if cwd.startswith(releases) else None,
             "started_at": datetime.fromtimestamp(booted + proc["start_ticks"] / ticks,
@@ -222,13 +234,14 @@ def trainers(root: str) -> dict:
     return {"record": record, "processes": processes}
 
 
-def environment(root: str, lock_id: str | None) -> dict | None:
-    """The env a deployment recorded: what is installed there against its lock (no import)."""
+def environment(root: str, lock_id: str | None, lock: dict | None = None) -> dict | None:
+    """The env a deployment recorded (or the env of `lock`, which a deploy wants): what is
+    installed there against its lock (no import), and the interpreter run.sh starts."""
     if not lock_id:
         return None
     env_dir = os.path.join(root, "envs", lock_id)
     marker = read_json(os.path.join(env_dir, ".dflash-env.json"))
-    lock = (marker or {}).get("lock")
+    lock = lock or (marker or {}).get("lock")
     # An adopted interpreter (source.python) is read where it is, not under envs/.
     python = adopts(lock) if lock else None
     installed = (interpreter_versions(python) or {}) if python else installed_versions(env_dir)
@@ -236,6 +249,7 @@ def environment(root: str, lock_id: str | None) -> dict | None:
         "lock_id": lock_id,
         "path": env_dir,
         "adopted": python,
+        "python": str(python) if python else os.path.join(env_dir, "bin", "python"),
         "exists": marker is not None,
         "drift": version_drift(lock, installed) if lock else [],
     }
@@ -337,6 +351,10 @@ def main() -> None:
         facts["release_check"] = release_check(params["root"], params["check_release"])
     if params["lock"] is not None:
         facts["lock_problems"] = environment_check(params["lock"])
+        if not lock_problems(params["lock"]):
+            facts["wanted_env"] = environment(
+                params["root"], lock_id_of(params["lock"]), params["lock"]
+            )
     module.exit_json(changed=False, **facts)
 
 

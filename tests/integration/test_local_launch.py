@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 
-from tests.integration.conftest import add_release, alive, read_json, status_of
+from tests.integration.conftest import TRAINER_ARGS, add_release, alive, read_json, status_of
 
 
 def test_healthy_launch_no_restart_then_clean_switch(deploy, playbook, trainer_repo, target_root):
@@ -27,6 +28,10 @@ def test_healthy_launch_no_restart_then_clean_switch(deploy, playbook, trainer_r
     again = deploy("v1")
     assert again.rc == 0 and again.changed() == 0, again.output
     assert read_json(target_root / "trainer.json")["pid"] == record["pid"]
+    # One read of the target decided it: no step's module ran (the launch is not even asked).
+    assert "Nothing to change on local" in " ".join(again.output.split()), again.output
+    for step in ("Make the release current", "Render run.sh", "Check the files, stop every"):
+        assert re.search(rf"{step}[^\n]*\*+\n+skipping: \[local\]", again.output), step
 
     add_release(trainer_repo, "v2", "dflash/__init__.py", "# v2\n")
     # --check says what the real run does next: restart, not "already running".
@@ -62,6 +67,11 @@ def test_healthy_launch_no_restart_then_clean_switch(deploy, playbook, trainer_r
     assert history[-1]["run_id"] == new["run_id"]
     verify = playbook("verify.yml")
     assert verify.rc == 0 and verify.report["hosts"]["local"]["verdict"] == "ok", verify.output
+
+    # Another trainer flag: the deploy's steps run, saying why, and the trainer is restarted.
+    other = deploy("v2", dflash_trainer_args={**TRAINER_ARGS, "checkpoint_every": 40})
+    assert other.rc == 0 and "run.sh on the target differs" in other.output, other.output
+    assert read_json(target_root / "trainer.json")["run_id"] != new["run_id"]
 
 
 def test_stray_and_sigterm_deaf_trainers_are_stopped(deploy, target_root):

@@ -1,0 +1,115 @@
+"""When a deploy is a no-op (filter_plugins/dflash_noop.py): one read of the target decides,
+and every difference from what the deploy would make names why the deploy's steps run."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from dflash_noop_filters import deploy_work
+
+RUN_SH = "s" * 64
+CACHE = "/opt/dflash/cache/c1"
+LINE = {"action": "deploy", "result": "healthy", "release": "v1", "tree_sha256": "t1",
+        "lock_id": "lock-1", "run_sh_sha256": RUN_SH, "run_id": "r1"}  # fmt: skip
+STATE = {
+    "root": "/opt/dflash",
+    "current": {
+        "release": "v1",
+        "link": "releases/v1",
+        "dangling": False,
+        "not_a_link": False,
+        "manifest_consistent": True,
+    },
+    "releases": ["v0", "v1"],
+    "release_trees": {"v0": "t0", "v1": "t1"},
+    "release_check": {
+        "release": "v1",
+        "present": True,
+        "drift": {"changed": [], "missing": [], "extra": []},
+    },
+    "stale_temp": [],
+    "history": [{**LINE, "release": "v0", "run_id": "r0"}, LINE, {"action": "verify"}],
+    "run_sh": {"sha256": RUN_SH},
+    "wanted_env": {"lock_id": "lock-1", "exists": True, "drift": []},
+    "cache": {"path": CACHE, "exists": True},
+    "deploy_lock": {"holder": "this run"},
+    "trainers": {
+        "record": {"pid": 10, "run_id": "r1", "run_sh_sha256": RUN_SH},
+        "processes": [
+            {
+                "pid": 10,
+                "job": 10,
+                "state": "S",
+                "status": {"state": "running", "code_tree_sha256": "t1"},
+            },
+            {"pid": 11, "job": 10, "state": "R", "status": None},
+        ],
+    },
+}
+
+
+def work(state: dict = STATE, **kwargs) -> list[str]:
+    args = {"release": "v1", "tree_sha256": "t1", "lock_id": "lock-1",
+            "run_sh_sha256": RUN_SH, "cache_dir": CACHE, **kwargs}  # fmt: skip
+    return deploy_work(state, **args)
+
+
+def changed(path: str, value) -> dict:
+    """STATE with the value at a dotted path replaced."""
+    state = copy.deepcopy(STATE)
+    *parents, key = path.split(".")
+    node = state
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    node[int(key) if isinstance(node, list) else key] = value
+    return state
+
+
+def test_a_target_that_holds_and_runs_this_deploy_is_a_no_op():
+    # This run's own deploy lock is in the state (it was read under it): not a reason.
+    assert work() == []
+    assert work(launch=False) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "reason"),
+    [
+        ("current.release", "v0", "current: v0 -> v1"),
+        ("current.not_a_link", True, "current is not a link to a release"),
+        ("release_check.present", False, "release v1 is not on the target"),
+        ("release_check.drift.changed", ["a.py"], "files of release v1 differ from its manifest"),
+        ("release_trees.v1", "t9", "release v1 on the target holds another tree"),
+        ("current.manifest_consistent", False, "the MANIFEST.json of current was edited"),
+        ("stale_temp", ["/opt/dflash/releases/.tmp-1"], "an interrupted run left temporary"),
+        ("wanted_env.exists", False, "env lock-1 is missing or has drifted"),
+        ("wanted_env.drift", [{"name": "torch"}], "env lock-1 is missing or has drifted"),
+        ("run_sh.sha256", "x" * 64, "run.sh on the target differs"),
+        ("history.1.lock_id", "lock-0", "history's newest deployment has another lock_id"),
+        ("cache.exists", False, f"the compile cache folder {CACHE}"),
+        ("cache.path", "/opt/dflash/cache/c0", f"the compile cache folder {CACHE}"),
+        ("releases", ["a", "b", "c", "d", "e", "v1"], "more releases than dflash_keep_releases"),
+        ("trainers.processes.1.job", 12, "no trainer, or another one than the deployed, runs"),
+        ("trainers.processes.1.state", "T", "the trainer is stopped (SIGSTOP)"),
+        ("trainers.record.run_sh_sha256", "x", "the trainer was started from another run.sh"),
+        ("trainers.processes.0.status.state", "failed", "the trainer's status is failed"),
+        ("trainers.processes.0.status.code_tree_sha256", "t0", "names another code tree"),
+        ("history.1.run_id", "r0", "history's newest deployment is not this trainer's run"),
+    ],
+)
+def test_each_difference_names_why_the_steps_run(path, value, reason):
+    reasons = work(changed(path, value))
+    assert len(reasons) >= 1 and any(reason in r for r in reasons), reasons
+
+
+def test_inputs_that_always_run_the_steps():
+    assert work(restart=True) == ["dflash_restart is set"]
+    assert work(force_release=True) == ["dflash_force_release is set"]
+    assert work(compile_cache="warm") == ["dflash_compile_cache is warm"]
+    assert work(job={"name": "j1"}) == ["a job's hosts deploy (and stop, start) together"]
+    assert work(interrupted=True) == ["an interrupted run left the deploy lock"]
+    assert work(keep=1) == ["more releases than dflash_keep_releases (1) are on the target"]
+    assert work(changed("history", [])) == ["history has no deployment"]
+    # What this deploy would make differs from what the target has and runs.
+    assert "current: v1 -> v2" in work(release="v2")
+    assert work(changed("trainers.processes", []), launch=False) == []
