@@ -147,7 +147,7 @@ def row_line(row: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--containers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--containers", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--connections", nargs="+",
                         default=[PLAIN_PCT_CONNECTION, PCT_CONNECTION])  # fmt: skip
     parser.add_argument("--files", action="store_true", help="also the 10x-files cold deploy")
