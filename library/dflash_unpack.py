@@ -31,14 +31,8 @@ options:
     required: true
   archive:
     description: Path of the pushed archive on the target (needed when the release is new or
-      is unpacked again, unless I(archive_b64) brings it).
+      is unpacked again).
     type: path
-  archive_b64:
-    description:
-      - The archive itself, base64-encoded, carried inside the module call (no file is pushed
-        first); for archives small enough to travel with the arguments.
-      - Mutually exclusive with I(archive).
-    type: str
   replace:
     description: Unpack again even when the release on the target matches its manifest.
     type: bool
@@ -60,13 +54,6 @@ EXAMPLES = r"""
     release: v1.4.0
     tree_sha256: "{{ build.tree_sha256 }}"
     archive: /opt/dflash/.incoming/v1.4.0.tar.gz
-
-- name: Unpack a release whose archive travels inside the call
-  dflash_unpack:
-    root: /opt/dflash
-    release: v1.4.0
-    tree_sha256: "{{ build.tree_sha256 }}"
-    archive_b64: "{{ build.archive | dflash_archive_b64 }}"
 """
 
 RETURN = r"""
@@ -90,10 +77,7 @@ repaired:
   returned: when an edited release was unpacked again
 """
 
-import base64
-import binascii
 import contextlib
-import io
 import os
 import shutil
 import tarfile
@@ -152,14 +136,13 @@ def check_unpacked(folder: str, expected_tree: str) -> int:
     return len(files)
 
 
-def unpack(root: str, release: str, archive: str, expected_tree: str, data: bytes | None) -> int:
+def unpack(root: str, release: str, archive: str, expected_tree: str) -> int:
     """Extract into a temp folder, check it, rename it to releases/<release>; a release folder
-    already there (an edited one) is moved aside first, kept under `.edited-`. `data` is the
-    archive itself when it came inline (then `archive` only names it in messages)."""
+    already there (an edited one) is moved aside first, kept under `.edited-`."""
     target = release_dir(root, release)
     tmp = os.path.join(os.path.dirname(target), f"{TMP_PREFIX}{release}-{os.getpid()}")
     try:
-        with tarfile.open(archive, fileobj=None if data is None else io.BytesIO(data)) as tar:
+        with tarfile.open(archive) as tar:
             # Members are checked above; the "data" filter (where this Python has it) is a
             # second guard. Debian 12's stock Python 3.11.2 predates it.
             extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
@@ -200,16 +183,7 @@ def run(module: AnsibleModule) -> dict:
     result["changed"] = True
     if module.check_mode:
         return result
-    data = None
-    if module.params["archive_b64"]:
-        try:
-            data = base64.b64decode(module.params["archive_b64"], validate=True)
-        except (binascii.Error, ValueError) as err:
-            raise StateError(
-                f"the inline archive of release {release} is not base64: {err}"
-            ) from err
-        archive = f"the inline archive of release {release}"
-    elif not archive or not os.path.isfile(archive):
+    if not archive or not os.path.isfile(archive):
         raise StateError(f"release {release} needs its archive on the target; none was pushed")
     with held(root, module.params["token"], "deploy", "unpack"):
         for stale in stale_temp_dirs(root):
@@ -217,7 +191,7 @@ def run(module: AnsibleModule) -> dict:
             result["removed_temp"].append(stale)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         before = set(os.listdir(os.path.dirname(target)))
-        result["file_count"] = unpack(root, release, archive, expected, data)
+        result["file_count"] = unpack(root, release, archive, expected)
         kept = sorted(set(os.listdir(os.path.dirname(target))) - before - {release})
     if any(drift.values()):
         result["repaired"] = dict(drift, kept_at=[os.path.join(os.path.dirname(target), k)
@@ -227,9 +201,8 @@ def run(module: AnsibleModule) -> dict:
             f"missing {drift['missing']}, extra {drift['extra']}); it was unpacked again from "
             f"its archive, the edited copy kept at {', '.join(result['repaired']['kept_at'])}"
         )
-    if data is None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(archive)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(archive)
     return result
 
 
@@ -240,12 +213,9 @@ def main() -> None:
             "release": {"type": "str", "required": True},
             "tree_sha256": {"type": "str", "required": True},
             "archive": {"type": "path"},
-            # Long and of no use in a log: the invocation shows it masked.
-            "archive_b64": {"type": "str", "no_log": True},
             "replace": {"type": "bool", "default": False},
             "token": {"type": "str", "no_log": False},
         },
-        mutually_exclusive=[("archive", "archive_b64")],
         supports_check_mode=True,
     )
     try:

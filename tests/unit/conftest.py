@@ -42,4 +42,3 @@ _load("dflash_verify_gpu_filters", REPO / "filter_plugins" / "dflash_verify_gpu.
 _load("dflash_job_filters", REPO / "filter_plugins" / "dflash_job.py")
 _load("dflash_job_verify_filters", REPO / "filter_plugins" / "dflash_job_verify.py")
 _load("dflash_noop_filters", REPO / "filter_plugins" / "dflash_noop.py")
-_load("dflash_inline_filters", REPO / "filter_plugins" / "dflash_inline.py")
