@@ -12,9 +12,7 @@ sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
 )
 from dflash_lines import last_deployment
-
-# The launch module's "already running" states (library/dflash_launch.py running_matches).
-RUNNING = ("running", "checkpointing", "warming")
+from dflash_procs import TRAINING_STATES, stopped
 
 
 def _release_work(state: dict[str, Any], release: str, tree_sha256: str) -> list[str]:
@@ -47,7 +45,7 @@ def _trainer_work(state: dict[str, Any], tree_sha256: str, run_sh_sha256: str) -
     processes = trainers.get("processes") or []
     if not record or {p.get("job") for p in processes} != {record.get("pid")}:
         return ["no trainer, or another one than the deployed, runs"]
-    if any(p.get("state") in ("T", "t") for p in processes):
+    if stopped(processes):
         return ["the trainer is stopped (SIGSTOP)"]
     leader = next((p for p in processes if p.get("pid") == record.get("pid")), {})
     status = leader.get("status") or {}
@@ -56,7 +54,7 @@ def _trainer_work(state: dict[str, Any], tree_sha256: str, run_sh_sha256: str) -
         reasons.append("the trainer was started from another run.sh")
     if status.get("code_tree_sha256") != tree_sha256:
         reasons.append("the trainer's status.json names another code tree")
-    if status.get("state") not in RUNNING:
+    if status.get("state") not in TRAINING_STATES:
         reasons.append(f"the trainer's status is {status.get('state') or 'unknown'}")
     last = last_deployment(state.get("history") or []) or {}
     if last.get("run_id") != record.get("run_id"):

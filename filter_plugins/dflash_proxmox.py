@@ -3,9 +3,14 @@
 # pushes out the snapshots from before the last real change).
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
-RUNNING = ("running", "checkpointing", "warming")
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
+)
+from dflash_procs import TRAINING_STATES
 
 
 def trainer_runs(state: dict[str, Any], release: str) -> bool:
@@ -19,7 +24,7 @@ def trainer_runs(state: dict[str, Any], release: str) -> bool:
         and jobs == {record.get("pid")}
         and record.get("release") == release
         and record.get("run_sh_sha256") == (state.get("run_sh") or {}).get("sha256")
-        and ((mine[0].get("status") or {}).get("state") in RUNNING)
+        and ((mine[0].get("status") or {}).get("state") in TRAINING_STATES)
     )
 
 

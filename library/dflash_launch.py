@@ -185,6 +185,7 @@ from ansible.module_utils.dflash_health import (
 )
 from ansible.module_utils.dflash_procs import (
     ROOT_MARKER,
+    TRAINING_STATES,
     alive,
     find_trainers,
     jobs,
@@ -225,7 +226,7 @@ def running_matches(
     if (
         record.get("run_sh_sha256") == run_sh_sha
         and status.get("code_tree_sha256") == tree
-        and status.get("state") in ("running", "checkpointing", "warming")
+        and status.get("state") in TRAINING_STATES
     ):
         return {"record": record, "status": status}
     return None
