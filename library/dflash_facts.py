@@ -32,6 +32,12 @@ options:
   lock:
     description: An environment lock whose Python and wheelhouse are checked on the target.
     type: dict
+  rollback_release:
+    description:
+      - The release a rollback goes to (an empty string for the previous deployment); returns
+        C(rollback_env), the env that release's last good deployment recorded, so that a
+        rollback whose env is complete asks the target nothing more about it.
+    type: str
 attributes:
   check_mode:
     support: full
@@ -156,6 +162,12 @@ wanted_env:
       the interpreter run.sh would start; a deploy whose env exists without drift builds none.
   type: dict
   returned: when lock is given and is a valid lock
+rollback_env:
+  description:
+    - The env (as C(environment) describes one) of the newest healthy or deployed history
+      entry of I(rollback_release); null when that entry recorded no env.
+  type: dict
+  returned: when rollback_release is given and history has such an entry
 """
 
 import os
@@ -342,6 +354,7 @@ def main() -> None:
             "history_limit": {"type": "int", "default": 50},
             "check_release": {"type": "str"},
             "lock": {"type": "dict"},
+            "rollback_release": {"type": "str"},
         },
         supports_check_mode=True,
     )
@@ -361,6 +374,15 @@ def main() -> None:
                 if deployed and deployed["exists"] and deployed["lock_id"] == wanted
                 else environment(params["root"], wanted, params["lock"])
             )
+    if params["rollback_release"] is not None:
+        release = params["rollback_release"] or facts["previous_deployment"]
+        # The entry rollback.yml restores: the newest good deployment of that release.
+        good = [
+            e for e in facts["history"]
+            if e.get("release") == release and e.get("result") in ("healthy", "deployed")
+        ]  # fmt: skip
+        if good:
+            facts["rollback_env"] = environment(params["root"], good[-1].get("lock_id"))
     module.exit_json(changed=False, **facts)
 
 

@@ -33,6 +33,13 @@ options:
     description: Path of the pushed archive on the target (needed when the release is new or
       is unpacked again).
     type: path
+  src:
+    description:
+      - Path of the archive on the controller. The action plugin sends it to I(archive) first
+        (one command with the archive on its standard input where the connection pipelines),
+        then runs the module; the module itself does not read it.
+      - Not sent in check mode.
+    type: path
   replace:
     description: Unpack again even when the release on the target matches its manifest.
     type: bool
@@ -53,6 +60,14 @@ EXAMPLES = r"""
     root: /opt/dflash
     release: v1.4.0
     tree_sha256: "{{ build.tree_sha256 }}"
+    archive: /opt/dflash/.incoming/v1.4.0.tar.gz
+
+- name: Push the archive built on the controller and unpack it
+  dflash_unpack:
+    root: /opt/dflash
+    release: v1.4.0
+    tree_sha256: "{{ build.tree_sha256 }}"
+    src: "{{ build.archive }}"
     archive: /opt/dflash/.incoming/v1.4.0.tar.gz
 """
 
@@ -213,6 +228,7 @@ def main() -> None:
             "release": {"type": "str", "required": True},
             "tree_sha256": {"type": "str", "required": True},
             "archive": {"type": "path"},
+            "src": {"type": "path"},
             "replace": {"type": "bool", "default": False},
             "token": {"type": "str", "no_log": False},
         },

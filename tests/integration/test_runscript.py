@@ -36,7 +36,7 @@ json.dump({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()},
 """
 
 
-def render(tmp_path: Path, **variables) -> tuple[object, Path]:
+def render(tmp_path: Path, check: bool = False, **variables) -> tuple[object, Path]:
     root = tmp_path / "root"
     (root / "releases" / "r1").mkdir(parents=True, exist_ok=True)
     if not (root / "current").exists():
@@ -54,7 +54,7 @@ def render(tmp_path: Path, **variables) -> tuple[object, Path]:
         "dflash_trainer_env": {},
     }
     base.update(variables)
-    return run_playbook("tests/playbooks/render_runscript.yml", base), root / "run.sh"
+    return run_playbook("tests/playbooks/render_runscript.yml", base, check=check), root / "run.sh"
 
 
 def execute(run_sh: Path, tmp_path: Path) -> dict:
@@ -91,6 +91,28 @@ def test_field_layout_renders_as_documented(tmp_path):
     # torchrun waits as long as the toolkit does (dflash_stop_timeout) before killing ranks.
     assert seen["env"]["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "60"
     assert seen["cwd"] == str(tmp_path / "root" / "releases" / "r1")
+
+
+def test_an_edited_run_sh_is_shown_in_check_mode_then_written_back_whole(tmp_path):
+    run, run_sh = render(tmp_path, **FIELD)
+    assert run.rc == 0 and run.changed("localhost") == 1, run.output
+    rendered = run_sh.read_text()
+    run_sh.write_text(rendered.replace("--token-budget", "--token-budgt"))
+    run_sh.chmod(0o644)
+
+    check, _ = render(tmp_path, check=True, **FIELD)
+    assert check.rc == 0 and check.changed("localhost") == 1, check.output
+    # --diff names the line that comes back; check mode leaves the file as it is.
+    assert "-  --token-budgt 49152" in check.output, check.output
+    assert "+  --token-budget 49152" in check.output, check.output
+    assert "--token-budgt" in run_sh.read_text() and run_sh.stat().st_mode & 0o777 == 0o644
+
+    fixed, _ = render(tmp_path, **FIELD)
+    assert fixed.rc == 0 and fixed.changed("localhost") == 1, fixed.output
+    assert run_sh.read_text() == rendered and run_sh.stat().st_mode & 0o777 == 0o755
+    assert not [p.name for p in run_sh.parent.iterdir() if p.name.startswith(".run.sh.")]
+    again, _ = render(tmp_path, **FIELD)
+    assert again.rc == 0 and again.changed("localhost") == 0, again.output
 
 
 def test_a_multi_node_rendezvous_is_the_users_not_standalone(tmp_path):

@@ -26,6 +26,11 @@ def current_in(bed: Testbed, vmid: int, root: str) -> str:
     return bed.attach(vmid, "readlink", f"{root}/current").stdout.strip()
 
 
+def pct_exec_per_host(bed: Testbed, mark: int) -> dict[int, int]:
+    counts = bed.pct_exec_counts(mark)
+    return {vmid: counts[vmid] for vmid in bed.vmids}
+
+
 def test_lifecycle_across_two_containers(bed, pct_playbook, source_repo, bed_lock):
     source_repo("v1", V1)
     repo = str(source_repo("v2", V2))
@@ -35,10 +40,14 @@ def test_lifecycle_across_two_containers(bed, pct_playbook, source_repo, bed_loc
     # v1 from a lock whose index URL holds credentials (its env is there already: the lock id
     # leaves the source out, so nothing is fetched); history gets them redacted.
     index = {"index_url": "https://ci:s3cr3t-t0ken@pypi.invalid/simple"}
+    mark = bed.trace_mark()
     first = pct_playbook("deploy.yml", dflash_source_dir=repo, dflash_ref="v1",
                          dflash_lock=dict(bed_lock, source=index))  # fmt: skip
     assert first.rc == 0, first.output
     assert all(current_in(bed, v, root) == "releases/v1" for v in bed.vmids)
+    # Round trips (issue 19): lock, read, push + unpack (2), cache, switch, run.sh, record,
+    # lock release; a copy and a template alone took seven each.
+    assert pct_exec_per_host(bed, mark) == dict.fromkeys(bed.vmids, 9), bed.trace(mark, "pct")
     recorded = json.loads(bed.attach(bed.vmids[0], "tail", "-n1", f"{root}/history.jsonl").stdout)
     assert recorded["lock"]["source"] == {"index_url": "https://REDACTED@pypi.invalid/simple"}
     # In the unprivileged container the state belongs to its root (uid 100000 on the node);
@@ -50,9 +59,12 @@ def test_lifecycle_across_two_containers(bed, pct_playbook, source_repo, bed_loc
     on_node = bed.root / "lxc" / str(unpriv) / "delta" / root.lstrip("/") / "history.jsonl"
     assert on_node.stat().st_uid == 100000
 
+    mark = bed.trace_mark()
     again = pct_playbook("deploy.yml", dflash_source_dir=repo, dflash_ref="v1")
     assert again.rc == 0, again.output
     assert [again.changed(h) for h in hosts] == [0, 0], again.output
+    # A no-op: the lock, one read, the lock's release.
+    assert pct_exec_per_host(bed, mark) == dict.fromkeys(bed.vmids, 3), bed.trace(mark, "pct")
 
     assert pct_playbook("deploy.yml", dflash_source_dir=repo, dflash_ref="v2").rc == 0
     clean = pct_playbook("verify.yml")
@@ -68,8 +80,12 @@ def test_lifecycle_across_two_containers(bed, pct_playbook, source_repo, bed_loc
     assert verdicts[bed.hostname(edited)]["verdict"] == "drift"
     assert [f["path"] for f in verdicts[bed.hostname(edited)]["findings"]] == ["dflash/train.py"]
 
+    mark = bed.trace_mark()
     back = pct_playbook("rollback.yml", dflash_source_dir=repo)
     assert back.rc == 0, back.output
+    # v1's env was read with the state (not asked for again): lock, read, run.sh, switch,
+    # record, lock release.
+    assert pct_exec_per_host(bed, mark) == dict.fromkeys(bed.vmids, 6), bed.trace(mark, "pct")
     assert all(current_in(bed, v, root) == "releases/v1" for v in bed.vmids)
     audit = pct_playbook("verify.yml")
     assert audit.rc == 0
