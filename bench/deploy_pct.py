@@ -7,7 +7,8 @@ Per transport and container count (DFLASH_TESTBED_CONTAINERS is not needed: the 
 up with the largest count), each the median of --runs: `ansible -m ping` of the same containers
 (the baseline, measured in the same run), a cold deploy (fresh state root, the torch env
 pre-seeded by hard links so the env build is not what is timed), a no-op deploy, verify.yml,
-their ratios to ping, and the `pct exec` calls per host of each (from the pct double's trace).
+a rollback (after a deploy of an earlier release, which is not timed), their ratios to ping,
+and the `pct exec` calls per host of each (from the pct double's trace).
 Then one `pct exec VMID -- true` (on the node) and one `lxc-attach -n VMID -- true`, median of
 --runs. With --files, the same cold deploy with a dflash/ of 10x more files, to show that the
 calls do not grow with the file count. The trainer is not launched (dflash_launch=false): its
@@ -65,6 +66,10 @@ def source_with_files(tmp: Path, factor: int) -> Path:
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-qm", f"x{factor}"], check=True)
+    # An earlier release to deploy and roll back from (the rollback row).
+    subprocess.run([*git, "tag", "earlier"], check=True)
+    (repo / "dflash" / "__init__.py").write_text('"""bench: a newer release"""\n')
+    subprocess.run([*git, "commit", "-qam", f"x{factor}, newer"], check=True)
     return repo
 
 
@@ -104,7 +109,8 @@ def attach_seconds(bed: Testbed, vmid: int, runs: int) -> float:
 def measure(bed: Testbed, tmp: Path, connection: str, count: int, runs: int, lock: dict,
             source: Path) -> dict:  # fmt: skip
     vmids = bed.vmids[:count]
-    times: dict[str, list[float]] = {"ping": [], "cold": [], "noop": [], "verify": []}
+    times: dict[str, list[float]] = {"ping": [], "cold": [], "noop": [], "verify": [],
+                                     "rollback": []}  # fmt: skip
     calls: dict[str, list[int]] = {k: [] for k in times}
     tag = connection.rsplit(".", 1)[-1]
     for run in range(runs):
@@ -116,12 +122,19 @@ def measure(bed: Testbed, tmp: Path, connection: str, count: int, runs: int, loc
         ping = [str(ANSIBLE_PLAYBOOK).replace("ansible-playbook", "ansible"),
                 "-i", str(inv), "all", "-m", "ansible.builtin.ping"]  # fmt: skip
         verify = {"dflash_verify_json": str(tmp / "verify.json")}
-        for what, cmd in (("ping", ping), ("cold", playbook_command("deploy.yml", extra, inv)),
-                          ("noop", playbook_command("deploy.yml", extra, inv)),
-                          ("verify", playbook_command("verify.yml", verify, inv))):  # fmt: skip
+        earlier = playbook_command("deploy.yml", {**extra, "dflash_ref": "earlier"}, inv)
+        steps = (("ping", ping), ("cold", playbook_command("deploy.yml", extra, inv)),
+                 ("noop", playbook_command("deploy.yml", extra, inv)),
+                 ("verify", playbook_command("verify.yml", verify, inv)),
+                 # the earlier release deployed (not measured), then back to the newer one
+                 ("earlier", earlier),
+                 ("rollback", playbook_command("rollback.yml", extra, inv)))  # fmt: skip
+        for what, cmd in steps:
             mark = bed.trace_mark()
-            times[what].append(timed(cmd))
-            calls[what].append(calls_per_host(bed, mark, vmids))
+            elapsed = timed(cmd)
+            if what in times:
+                times[what].append(elapsed)
+                calls[what].append(calls_per_host(bed, mark, vmids))
         print(f"{connection}, {count} container(s): run {run + 1}/{runs}", file=sys.stderr)
     return {
         "connection": connection, "containers": count, "runs": runs,
@@ -131,17 +144,19 @@ def measure(bed: Testbed, tmp: Path, connection: str, count: int, runs: int, loc
 
 
 HEAD = (f"{'transport':<37} {'n':>2} {'ping s':>6} {'cold s':>6} {'no-op s':>7} "
-        f"{'verify s':>8} {'cold/ping':>9} {'no-op/ping':>10} {'verify/ping':>11} "
-        f"{'pct exec/host cold,no-op,verify,ping':>37}")  # fmt: skip
+        f"{'verify s':>8} {'rollback s':>10} {'cold/ping':>9} {'no-op/ping':>10} "
+        f"{'verify/ping':>11} {'rollback/ping':>13} "
+        f"{'pct exec/host cold,no-op,verify,rollback,ping':>46}")  # fmt: skip
 
 
 def row_line(row: dict) -> str:
     sec, calls = row["seconds"], row["calls"]
-    per_host = ",".join(f"{calls[k]:g}" for k in ("cold", "noop", "verify", "ping"))
+    per_host = ",".join(f"{calls[k]:g}" for k in ("cold", "noop", "verify", "rollback", "ping"))
     return (f"{row['connection']:<37} {row['containers']:>2} {sec['ping']:>6.2f} "
             f"{sec['cold']:>6.2f} {sec['noop']:>7.2f} {sec['verify']:>8.2f} "
-            f"{sec['cold'] / sec['ping']:>9.2f} {sec['noop'] / sec['ping']:>10.2f} "
-            f"{sec['verify'] / sec['ping']:>11.2f} {per_host:>37}")  # fmt: skip
+            f"{sec['rollback']:>10.2f} {sec['cold'] / sec['ping']:>9.2f} "
+            f"{sec['noop'] / sec['ping']:>10.2f} {sec['verify'] / sec['ping']:>11.2f} "
+            f"{sec['rollback'] / sec['ping']:>13.2f} {per_host:>46}")  # fmt: skip
 
 
 def main() -> None:
