@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 
-from ansible.errors import AnsibleActionFail
+from ansible.errors import AnsibleActionFail, AnsibleError
 from ansible.plugins.action import ActionBase
 
 
@@ -17,7 +17,7 @@ class ActionModule(ActionBase):
     # No temp folder up front: the streamed push needs none; the fallback makes its own.
     TRANSFERS_FILES = False
 
-    def run(self, tmp=None, task_vars=None):
+    def run(self, tmp: str | None = None, task_vars: dict | None = None) -> dict:
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
         src = args.pop("src", None)
@@ -29,9 +29,10 @@ class ActionModule(ActionBase):
         if not args.get("archive"):
             raise AnsibleActionFail("dflash_unpack: src needs archive, the path to push it to")
         try:
+            src = self._find_needle("files", src)  # a relative path as copy finds it
             with open(src, "rb") as source:
                 data = source.read()
-        except OSError as err:
+        except (OSError, AnsibleError) as err:
             raise AnsibleActionFail(f"cannot read the release archive {src}: {err}") from err
         if self._is_pipelining_enabled("new"):
             self._stream(data, args["archive"])
