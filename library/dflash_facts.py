@@ -35,8 +35,9 @@ options:
   rollback_release:
     description:
       - The release a rollback goes to (an empty string for the previous deployment); returns
-        C(rollback_env), the env that release's last good deployment recorded, so that a
-        rollback whose env is complete asks the target nothing more about it.
+        C(rollback_entry), that release's last good deployment, and C(rollback_env), the env
+        it recorded, so that a rollback whose env is complete asks the target nothing more
+        about it.
     type: str
 attributes:
   check_mode:
@@ -162,10 +163,16 @@ wanted_env:
       the interpreter run.sh would start; a deploy whose env exists without drift builds none.
   type: dict
   returned: when lock is given and is a valid lock
+rollback_entry:
+  description:
+    - The history entry rollback.yml restores, the newest healthy or deployed one of
+      I(rollback_release) (its lock and run.sh); empty when history has none.
+  type: dict
+  returned: when rollback_release is given
 rollback_env:
   description:
-    - The env (as C(environment) describes one) of the newest healthy or deployed history
-      entry of I(rollback_release); null when that entry recorded no env.
+    - The env (as C(environment) describes one) of C(rollback_entry); null when that entry
+      recorded no env.
   type: dict
   returned: when rollback_release is given and history has such an entry
 """
@@ -178,6 +185,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_checks import environment_check, release_check, writable
 from ansible.module_utils.dflash_deploy_lock import read_lock
 from ansible.module_utils.dflash_gpu import probe
+from ansible.module_utils.dflash_lines import GOOD_RESULTS
 from ansible.module_utils.dflash_lock import (
     adopts,
     installed_versions,
@@ -379,8 +387,9 @@ def main() -> None:
         # The entry rollback.yml restores: the newest good deployment of that release.
         good = [
             e for e in facts["history"]
-            if e.get("release") == release and e.get("result") in ("healthy", "deployed")
+            if e.get("release") == release and e.get("result") in GOOD_RESULTS
         ]  # fmt: skip
+        facts["rollback_entry"] = good[-1] if good else {}
         if good:
             facts["rollback_env"] = environment(params["root"], good[-1].get("lock_id"))
     module.exit_json(changed=False, **facts)
