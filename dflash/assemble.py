@@ -17,12 +17,20 @@ from pathlib import Path
 from torch.nn.parallel import DistributedDataParallel
 
 from dflash.cluster import Cluster
-from dflash.data import BatchOrder, Sample, ShardedOrder, load_jsonl, self_generated
+from dflash.data import (
+    SELF_GENERATED,
+    BatchOrder,
+    ShardedOrder,
+    open_data,
+    sample_store,
+    self_generated,
+)
 from dflash.model import DrafterConfig
 from dflash.options import build_drafter, drafter_config, fixed_rows, gamma, token_budget
 from dflash.pipeline import FeatureSource, LocalFeatureSource, RemoteFeatureSource
 from dflash.server import FeatureServer
 from dflash.step import DrafterStep, static_shapes
+from dflash.store import TokenStore
 from dflash.target import TINY, Target, load_target, load_target_config
 from dflash.trainer import Trainer
 from dflash.transport import FeatureReceiver, WireShape, recv_frozen, send_frozen
@@ -45,11 +53,16 @@ def step_shape(args: argparse.Namespace, cluster: Cluster) -> StepShape:
     return StepShape(static, rows, token_budget(args, on_gpu))
 
 
-def training_samples(args: argparse.Namespace, target: Target) -> list[Sample]:
+def training_data(args: argparse.Namespace, target: Target, log: Log) -> TokenStore:
+    """--data (a store folder or a JSONL file), else the target's own continuations."""
     if args.data:
         tokenizer = args.tokenizer or (None if args.target_model == TINY else args.target_model)
-        return load_jsonl(Path(args.data), tokenizer, target.config.vocab_size, args.max_seq_len)
-    return self_generated(
+        return open_data(
+            args.data, tokenizer, target.config.vocab_size, args.max_seq_len, log,
+            cache_dir=Path(args.data_cache) if args.data_cache else None,
+            verify=args.verify_data,
+        )  # fmt: skip
+    samples = self_generated(
         target,
         args.gen_samples,
         args.gen_prompt_len,
@@ -58,6 +71,20 @@ def training_samples(args: argparse.Namespace, target: Target) -> list[Sample]:
         "train",
         max_len=args.max_seq_len,
     )
+    generated = {
+        "target_model": args.target_model,
+        "samples": args.gen_samples,
+        "prompt_len": args.gen_prompt_len,
+        "new_tokens": args.gen_new_tokens,
+        "seed": args.seed,
+    }
+    data = sample_store(
+        samples,
+        generated=generated,
+        settings={"max_seq_len": args.max_seq_len, "vocab_size": target.config.vocab_size},
+    )
+    data.kind = SELF_GENERATED
+    return data
 
 
 def target_and_data(
@@ -77,14 +104,20 @@ def target_and_data(
         f"{target.config.hidden_size}, features from layers {target.layer_ids}, "
         f"mask id {target.mask_token_id}"
     )
-    samples = training_samples(args, target)
-    log(f"data: {len(samples)} samples from {args.data or 'the target (self-generated)'}")
+    data = training_data(args, target, log)
     order = BatchOrder(
-        samples,
+        data,
         shape.budget,
         pad_to=args.max_seq_len if shape.rows else 8,
         fixed_rows=shape.rows,
         seed=args.seed,
+        max_len=args.max_seq_len,
+    )
+    lengths = data.manifest["lengths"]
+    log(
+        f"data: {order.num_samples} samples ({data.manifest['tokens']:,} tokens, lengths p50 "
+        f"{lengths['p50']} p99 {lengths['p99']} max {lengths['max']}) from "
+        f"{args.data or 'the target (self-generated)'}, sha256 {order.data_sha256[:12]}"
     )
     return target, ShardedOrder(order, cluster.num_drafters)
 
@@ -96,7 +129,7 @@ def build_server(args: argparse.Namespace, cluster: Cluster, log: Log) -> Featur
     drafters = cluster.layout.served_by(cluster.rank)
     frozen = {"embed": target.embed_weight(), "lm_head": target.lm_head_weight()}
     for rank in drafters:
-        send_frozen(frozen, target.mask_token_id, rank, cluster.control)
+        send_frozen(frozen, target.mask_token_id, order.data, rank, cluster.control)
     shards = [cluster.layout.shard(rank) for rank in drafters]
     return FeatureServer(target, order, drafters, shards, args.prefetch, cluster.control)
 
@@ -117,7 +150,7 @@ def build_trainer(
     else:
         target_config = load_target_config(args.target_model)
         src = cluster.layout.source[cluster.rank]
-        frozen, mask_token_id = recv_frozen(src, device, cluster.control)
+        frozen, mask_token_id, data = recv_frozen(src, device, cluster.control)
         embed, lm_head = frozen["embed"], frozen["lm_head"]
         assert shape.rows is not None  # split mode is static
         wire = WireShape(
@@ -127,7 +160,7 @@ def build_trainer(
             embed.dtype,
         )
         source = RemoteFeatureSource(
-            lambda: FeatureReceiver(src, wire, device, args.prefetch, cluster.control), device
+            lambda: FeatureReceiver(src, wire, device, args.prefetch, cluster.control), device, data
         )
     cfg = drafter_config(args, target_config, mask_token_id)
     drafter = build_drafter(cfg, embed, lm_head, device, args.seed)

@@ -1,24 +1,35 @@
-"""Training data: JSONL files or the target's own greedy continuations, and the batch order.
+"""Training data: a prepared token store, a JSONL file, or the target's own greedy
+continuations; and the batch order over it.
 
-A sample is token ids plus a loss mask (1 where the drafter should learn, e.g. the response).
-JSONL lines take one of three forms:
-  {"input_ids": [...], "loss_mask": [...]}   loss_mask optional (all ones)
-  {"text": "..."}                            tokenized, all ones
-  {"prompt": "...", "response": "..."}       tokenized, ones on the response only
+    python -m dflash.data prepare --out FOLDER [--tokenizer DIR] [--target-model M] INPUT...
+    python -m dflash.data inspect [--verify] FOLDER
+
+`prepare` turns JSONL (dflash/records.py names the forms) into a store that every process
+maps (dflash/store.py); `inspect` prints a store's manifest as JSON. The trainer's `--data`
+takes a store folder, or a JSONL file that it prepares once into `--data-cache`.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from dflash.errors import ConfigError
-from dflash.target import Target, load_tokenizer
+from dflash.prepare import cached_store, default_workers, prepare
+from dflash.records import Settings
+from dflash.store import TokenStore
+from dflash.target import TINY, Target, load_target_config
+
+SELF_GENERATED = "self_generated"
 
 
 @dataclass(frozen=True)
@@ -31,64 +42,42 @@ class Sample:
         return any(a and b for a, b in zip(self.loss_mask, self.loss_mask[1:], strict=False))
 
 
-def load_jsonl(
-    path: Path, tokenizer_dir: str | None, vocab_size: int, max_len: int
-) -> list[Sample]:
-    """Read samples, truncated to max_len; untrainable ones are dropped."""
-    if not path.is_file():
-        raise ConfigError(f"--data '{path}': no such file")
-    tokenizer = None
-    samples = []
-    with path.open() as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            where = f"--data '{path}' line {number}"
-            try:
-                record = json.loads(line)
-            except ValueError as exc:
-                raise ConfigError(f"{where}: not JSON ({exc})") from None
-            if not isinstance(record, dict):
-                raise ConfigError(f"{where}: expected a JSON object")
-            is_text = "input_ids" not in record and ("text" in record or "prompt" in record)
-            if is_text and tokenizer is None:
-                if tokenizer_dir is None:
-                    raise ConfigError(f"{where}: text needs a tokenizer; pass --tokenizer FOLDER")
-                tokenizer = load_tokenizer(tokenizer_dir)
-            sample = _parse_record(record, tokenizer, where)
-            if any(not 0 <= t < vocab_size for t in sample.input_ids):
-                raise ConfigError(
-                    f"{where}: a token id is outside the target's 0..{vocab_size - 1}"
-                )
-            sample = Sample(sample.input_ids[:max_len], sample.loss_mask[:max_len])
-            if sample.trainable():
-                samples.append(sample)
-    if not samples:
-        raise ConfigError(f"--data '{path}': no sample with two consecutive loss-mask tokens")
-    return samples
+def sample_store(samples: list[Sample], **manifest: Any) -> TokenStore:
+    """An in-memory store of samples (self-generated data, tests)."""
+    return TokenStore.from_samples([(s.input_ids, s.loss_mask) for s in samples], **manifest)
 
 
-def _parse_record(record: dict[str, Any], tokenizer: Any, where: str) -> Sample:
-    if "input_ids" in record:
-        ids = record["input_ids"]
-        mask = record.get("loss_mask", [1] * len(ids))
-        if not (_int_list(ids) and _int_list(mask)) or len(ids) != len(mask):
-            raise ConfigError(
-                f"{where}: input_ids and loss_mask must be integer lists of one length"
-            )
-        return Sample(ids, [int(bool(m)) for m in mask])
-    if isinstance(record.get("text"), str):
-        ids = tokenizer(record["text"], add_special_tokens=False)["input_ids"]
-        return Sample(ids, [1] * len(ids))
-    if isinstance(record.get("prompt"), str) and isinstance(record.get("response"), str):
-        prompt = tokenizer(record["prompt"], add_special_tokens=False)["input_ids"]
-        response = tokenizer(record["response"], add_special_tokens=False)["input_ids"]
-        return Sample(prompt + response, [0] * len(prompt) + [1] * len(response))
-    raise ConfigError(f"{where}: needs input_ids, text, or prompt and response")
+def default_data_cache() -> Path:
+    """Where a JSONL file's prepared copy goes: $DFLASH_DATA_CACHE (run.sh sets it inside the
+    state root), else the user's cache folder."""
+    if os.environ.get("DFLASH_DATA_CACHE"):
+        return Path(os.environ["DFLASH_DATA_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dflash" / "data"
 
 
-def _int_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, int) for v in value)
+def open_data(
+    data: str, tokenizer: str | None, vocab_size: int, max_seq_len: int, log: Any,
+    cache_dir: Path | None = None, verify: bool = False,
+) -> TokenStore:  # fmt: skip
+    """--data: a store folder (mapped as it is) or a JSONL file (its prepared copy)."""
+    path = Path(data)
+    if path.is_dir():
+        store = TokenStore.open(path, verify=verify)
+    else:
+        settings = Settings(max_seq_len=max_seq_len, vocab_size=vocab_size, tokenizer=tokenizer)
+        store = cached_store(path, cache_dir or default_data_cache(), settings, log, verify)
+        store.kind, store.named = "jsonl", data
+    top = store.manifest["max_token_id"]
+    if top >= vocab_size:
+        raise ConfigError(
+            f"--data '{data}': token id {top} is outside the target's vocabulary "
+            f"0..{vocab_size - 1}; the data were tokenized for another model"
+        )
+    cut = store.manifest.get("settings", {}).get("max_seq_len")
+    if cut is not None and cut < max_seq_len:
+        log(f"data: samples were cut at {cut} tokens when prepared (--max-seq-len {max_seq_len})")
+    return store
 
 
 def self_generated(
@@ -144,80 +133,113 @@ class BatchOrder:
     A batch holds as many samples as fit `token_budget` counting padding (rows x padded length).
     With `fixed_rows` every batch has exactly that many rows, each padded to `pad_to`, so shapes
     never change (torch.compile); otherwise the length is rounded up to a multiple of `pad_to`.
+    Samples are cut at `max_len`; those without an anchor before it are left out.
+
+    Batches are cut from the shuffled order as they are taken, so an epoch costs one
+    permutation of the sample indices (no per-sample or per-token Python objects), and the
+    position in it is the whole state: a checkpoint resumes there, on the same data only.
     """
 
     def __init__(
         self,
-        samples: list[Sample],
+        data: TokenStore,
         token_budget: int,
         pad_to: int,
         fixed_rows: int | None,
         seed: int,
+        max_len: int | None = None,
     ) -> None:
-        self.samples = samples
+        self.data = data
         self.token_budget = token_budget
         self.pad_to = pad_to
         self.fixed_rows = fixed_rows
         self.seed = seed
-        self.epoch = 0
-        self.index = 0
-        self._batches = self._cut(self.epoch)
-
-    def _padded(self, length: int) -> int:
-        return -(-length // self.pad_to) * self.pad_to
-
-    def _cut(self, epoch: int) -> list[list[int]]:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        batches: list[list[int]] = []
-        current: list[int] = []
-        longest = 0
-        for i in torch.randperm(len(self.samples), generator=generator).tolist():
-            length = self._padded(len(self.samples[i].input_ids))
-            full = (
-                len(current) == self.fixed_rows
-                if self.fixed_rows
-                else (len(current) + 1) * max(longest, length) > self.token_budget
+        self.max_len = max_len or int(np.iinfo(np.int32).max)
+        anchors = np.asarray(data.first_anchor)
+        self.indices = np.flatnonzero((anchors >= 0) & (anchors <= self.max_len - 2))
+        if not len(self.indices):
+            raise ConfigError(
+                f"no sample of the data has an anchor within --max-seq-len {self.max_len}"
             )
-            if current and full:
-                batches.append(current)
-                current, longest = [], 0
-            current.append(i)
-            longest = max(longest, length)
-        batches.append(current)
-        return batches
+        self.lengths = np.minimum(data.lengths[self.indices], self.max_len)
+        self.padded = -(-self.lengths // pad_to) * pad_to
+        self.epoch = 0
+        self.index = 0  # batches taken in this epoch
+        self.position = 0  # samples of this epoch's permutation taken
+        self._perm = self._permutation(self.epoch)
 
-    def _advance(self) -> list[int]:
-        if self.index >= len(self._batches):
-            self.epoch, self.index = self.epoch + 1, 0
-            self._batches = self._cut(self.epoch)
+    @property
+    def num_samples(self) -> int:
+        return len(self.indices)
+
+    @property
+    def data_sha256(self) -> str:
+        return str(self.data.manifest["content_sha256"])
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(self.num_samples, generator=generator).numpy()
+
+    def _cut(self) -> np.ndarray:
+        """The next batch's positions in `indices`, taken from the permutation."""
+        start, end = self.position, self.position
+        if self.fixed_rows:
+            end = min(start + self.fixed_rows, self.num_samples)
+        else:
+            longest = 0
+            while end < self.num_samples:
+                length = int(self.padded[self._perm[end]])
+                if end > start and (end - start + 1) * max(longest, length) > self.token_budget:
+                    break
+                longest = max(longest, length)
+                end += 1
+        self.position = end
+        return self._perm[start:end]
+
+    def _advance(self) -> np.ndarray:
+        if self.position >= self.num_samples:
+            self.epoch, self.index, self.position = self.epoch + 1, 0, 0
+            self._perm = self._permutation(self.epoch)
         self.index += 1
-        return self._batches[self.index - 1]
+        return self._cut()
 
     def skip(self) -> None:
         """Pass over the next batch without building it (another data shard's)."""
         self._advance()
 
     def next(self) -> Batch:
-        picked = [self.samples[i] for i in self._advance()]
+        picked = self._advance()
+        lengths = self.lengths[picked]
         rows = self.fixed_rows or len(picked)
-        seq_len = self._padded(max(len(s.input_ids) for s in picked))
+        seq_len = int(self.padded[picked].max())
         input_ids = torch.zeros(rows, seq_len, dtype=torch.long)
         loss_mask = torch.zeros(rows, seq_len, dtype=torch.bool)
-        for row, sample in enumerate(picked):
-            n = len(sample.input_ids)
-            input_ids[row, :n] = torch.tensor(sample.input_ids)
-            loss_mask[row, :n] = torch.tensor(sample.loss_mask, dtype=torch.bool)
-        return Batch(input_ids, loss_mask, sum(len(s.input_ids) for s in picked))
+        for row, (position, n) in enumerate(zip(picked.tolist(), lengths.tolist(), strict=True)):
+            ids, mask = self.data.sample(int(self.indices[position]))
+            input_ids[row, :n] = torch.from_numpy(ids[:n].astype(np.int64))
+            loss_mask[row, :n] = torch.from_numpy(mask[:n].astype(bool))
+        return Batch(input_ids, loss_mask, int(lengths.sum()))
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "index": self.index, "num_samples": len(self.samples)}
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "index": self.index,
+            "position": self.position,
+            "num_samples": self.num_samples,
+            "data_sha256": self.data_sha256,
+        }
 
-    def load_state_dict(self, state: dict[str, int]) -> bool:
-        """Continue where a checkpoint stopped; False (start over) when the data changed."""
-        if state["num_samples"] != len(self.samples):
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
+        """Continue where a checkpoint stopped; False (a new order) unless it is the same data
+        (content hash) and sample count."""
+        if (
+            state.get("data_sha256") != self.data_sha256
+            or state.get("num_samples") != self.num_samples
+            or "position" not in state
+        ):
             return False
-        self.epoch, self.index = state["epoch"], state["index"]
-        self._batches = self._cut(self.epoch)
+        self.epoch, self.index, self.position = state["epoch"], state["index"], state["position"]
+        self._perm = self._permutation(self.epoch)
         return True
 
 
@@ -240,8 +262,86 @@ class ShardedOrder:
                 self.order.skip()
         return [built[shard] for shard in shards]
 
-    def state_dict(self) -> dict[str, int]:
+    @property
+    def data(self) -> dict[str, Any]:
+        """What the run trains on (the store's summary, and how many of its samples the order
+        takes at this --max-seq-len), for status.json and checkpoints."""
+        return {**self.order.data.summary(), "samples_in_order": self.order.num_samples}
+
+    def state_dict(self) -> dict[str, Any]:
         return self.order.state_dict()
 
-    def load_state_dict(self, state: dict[str, int]) -> bool:
+    def position(self) -> dict[str, int]:
+        """The numeric part of the state, which travels in every feature header."""
+        return {k: v for k, v in self.state_dict().items() if k != "data_sha256"}
+
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
         return self.order.load_state_dict(state)
+
+
+def _vocab_size(args: argparse.Namespace) -> int | None:
+    if args.vocab_size is not None:
+        return int(args.vocab_size)
+    if args.target_model is not None:
+        return int(load_target_config(args.target_model).vocab_size)
+    return None
+
+
+def cli_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dflash.data", description="Prepare and inspect token stores."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    make = commands.add_parser(
+        "prepare", help="JSONL files into a store folder that the trainer maps (--data FOLDER)"
+    )
+    make.add_argument("inputs", nargs="+", type=Path, metavar="INPUT.jsonl")
+    make.add_argument("--out", type=Path, required=True, help="the store folder to write")
+    make.add_argument("--tokenizer", default=None, help="tokenizer folder, for text records")
+    vocab = make.add_mutually_exclusive_group()
+    vocab.add_argument(
+        "--target-model",
+        default=None,
+        help=f"check token ids against this target's vocabulary ('{TINY}' or a model folder)",
+    )
+    vocab.add_argument("--vocab-size", type=int, default=None, help="check ids below this")
+    make.add_argument(
+        "--max-seq-len", type=int, default=3072, help="cut longer samples (default 3072)"
+    )
+    make.add_argument(
+        "--workers",
+        type=int,
+        default=default_workers(),
+        help=f"parsing processes (default {default_workers()}: the CPUs, up to 8)",
+    )
+    make.add_argument("--force", action="store_true", help="replace an existing store")
+    look = commands.add_parser("inspect", help="print a store's manifest as JSON")
+    look.add_argument("store", type=Path)
+    look.add_argument(
+        "--verify", action="store_true", help="hash every array again against the manifest"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = cli_parser().parse_args(argv)
+    try:
+        if args.command == "inspect":
+            store = TokenStore.open(args.store, verify=args.verify)
+            print(json.dumps({"path": str(args.store.resolve()), **store.manifest}, indent=2))
+            return 0
+        if args.max_seq_len < 2 or args.workers < 1:
+            raise ConfigError(
+                f"--max-seq-len {args.max_seq_len} / --workers {args.workers}: the longest "
+                "sample needs 2 or more tokens and the workers 1 or more"
+            )
+        settings = Settings(args.max_seq_len, _vocab_size(args), args.tokenizer)
+        prepare(args.inputs, args.out, settings, workers=args.workers, force=args.force)
+        return 0
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -22,17 +22,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from dflash import checkpoint
-from dflash.data import load_jsonl, random_prompts
+from dflash.data import random_prompts
 from dflash.errors import ConfigError
 from dflash.flags import nonneg_int, positive_int
 from dflash.mask import attention_mask
 from dflash.model import Drafter, DrafterConfig
 from dflash.options import build_drafter
+from dflash.prepare import load_in_memory
 from dflash.public_format import is_drafter_folder, read_folder, target_problems
+from dflash.records import Settings
+from dflash.store import TokenStore
 from dflash.target import TINY, Target, load_target, load_tokenizer
 from dflash.topology import device_of, parse_gpu_list, require_gpus
 
@@ -159,8 +163,15 @@ def heldout_prompts(args: argparse.Namespace, target: Target) -> list[list[int]]
         )
         return prompts.tolist()
     tokenizer = args.tokenizer or (None if args.target_model == TINY else args.target_model)
-    samples = load_jsonl(Path(args.data), tokenizer, target.config.vocab_size, 1 << 30)
-    prompts = [s.input_ids[: s.loss_mask.index(1)] for s in samples[: args.num_samples]]
+    path = Path(args.data)
+    settings = Settings(
+        max_seq_len=1 << 30, vocab_size=target.config.vocab_size, tokenizer=tokenizer
+    )
+    data = TokenStore.open(path) if path.is_dir() else load_in_memory(path, settings)
+    prompts = []
+    for index in range(min(args.num_samples, data.num_samples)):
+        ids, mask = data.sample(index)
+        prompts.append(ids[: int(np.argmax(mask))].tolist())
     if not all(prompts):
         raise ConfigError(f"--data '{args.data}': every sample needs a prompt before its loss mask")
     return prompts
@@ -184,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--gpu", default="", help="one GPU index (default: the CPU)")
     parser.add_argument(
-        "--data", default=None, help="held-out JSONL (default: self-generated held-out prompts)"
+        "--data",
+        default=None,
+        help="held-out JSONL or store folder (default: self-generated held-out prompts)",
     )
     parser.add_argument("--tokenizer", default=None)
     parser.add_argument("--num-samples", type=positive_int, default=16)

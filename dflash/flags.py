@@ -182,8 +182,23 @@ def train_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="torch.compile the drafter step (static shapes)",
     )
-    parser.add_argument(
-        "--data", default=None, help="JSONL training data (default: the target's own continuations)"
+    data = parser.add_argument_group("data")
+    data.add_argument(
+        "--data",
+        default=None,
+        help="a store folder (python -m dflash.data prepare) or a JSONL file, prepared once "
+        "into --data-cache (default: the target's own continuations)",
+    )
+    data.add_argument(
+        "--data-cache",
+        default=None,
+        help="where a JSONL file's prepared copy goes (default: $DFLASH_DATA_CACHE, which "
+        "run.sh sets, else ~/.cache/dflash/data)",
+    )
+    data.add_argument(
+        "--verify-data",
+        action="store_true",
+        help="hash the whole store at start against its manifest (default: sizes only)",
     )
     add_gen_args(parser, samples=512)
     optim = parser.add_argument_group("optimisation")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -30,6 +30,8 @@ class FeatureBatch:
 
 
 class FeatureSource(Protocol):
+    data: dict[str, Any]  # what the run trains on: the data store's summary
+
     def next(self) -> FeatureBatch: ...
 
     def credit(self, more: bool) -> None:
@@ -37,9 +39,9 @@ class FeatureSource(Protocol):
 
     def close(self) -> None: ...
 
-    def state_dict(self) -> dict[str, int]: ...
+    def state_dict(self) -> dict[str, Any]: ...
 
-    def load_state_dict(self, state: dict[str, int]) -> bool: ...
+    def load_state_dict(self, state: dict[str, Any]) -> bool: ...
 
 
 class LocalFeatureSource:
@@ -53,6 +55,7 @@ class LocalFeatureSource:
         self.shard = shard
         self.device = device
         self.clock = Clock(target.device)
+        self.data = order.data
 
     def next(self) -> FeatureBatch:
         start = self.clock.mark()
@@ -73,10 +76,10 @@ class LocalFeatureSource:
     def close(self) -> None:
         pass
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         return self.order.state_dict()
 
-    def load_state_dict(self, state: dict[str, int]) -> bool:
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
         return self.order.load_state_dict(state)
 
 
@@ -87,11 +90,14 @@ class RemoteFeatureSource:
     when the target rank has joined the resume hand-off and is about to send.
     """
 
-    def __init__(self, receiver: Callable[[], FeatureReceiver], device: torch.device) -> None:
+    def __init__(
+        self, receiver: Callable[[], FeatureReceiver], device: torch.device, data: dict[str, Any]
+    ) -> None:
         self.make_receiver = receiver
         self.receiver: FeatureReceiver | None = None
         self.clock = Clock(device)
-        self.data_state: dict[str, int] = {}
+        self.data = data
+        self.data_state: dict[str, Any] = {}
 
     def _receiver(self) -> FeatureReceiver:
         if self.receiver is None:
@@ -102,7 +108,10 @@ class RemoteFeatureSource:
         start = self.clock.mark()
         received = self._receiver().take()
         header = received.header
-        self.data_state = {k: int(header[k]) for k in ("epoch", "index", "num_samples")}
+        self.data_state = {
+            **{k: int(header[k]) for k in ("epoch", "index", "position", "num_samples")},
+            "data_sha256": self.data.get("content_sha256"),
+        }
         out = FeatureBatch(
             input_ids=received.input_ids,
             loss_mask=received.loss_mask,
@@ -121,11 +130,18 @@ class RemoteFeatureSource:
     def close(self) -> None:
         self._receiver().drain()
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         return dict(self.data_state)
 
-    def load_state_dict(self, state: dict[str, int]) -> bool:
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
         """The target ranks position the order (they hold the data); remember it for the next
-        checkpoint, which may come before the first batch."""
+        checkpoint, which may come before the first batch. False, as the target ranks decide,
+        when the checkpoint's order is of other data."""
+        same = (state.get("data_sha256"), state.get("num_samples")) == (
+            self.data.get("content_sha256"),
+            self.data.get("samples_in_order"),
+        )
+        if not same or "position" not in state:
+            return False
         self.data_state = dict(state)
         return True

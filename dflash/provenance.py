@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import platform
@@ -34,15 +33,6 @@ def release_name() -> str:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise RuntimeError(f"{manifest}: not a valid release manifest ({exc!r})") from exc
     return str(release)
-
-
-def training_data(args: argparse.Namespace) -> dict[str, object]:
-    """What a run trains on, for checkpoints and exports: the JSONL file, or how the target's
-    own continuations were generated."""
-    if args.data:
-        return {"data": args.data, "seed": args.seed}
-    generated = {"samples": args.gen_samples, "prompt_len": args.gen_prompt_len}
-    return {"self_generated": {**generated, "new_tokens": args.gen_new_tokens}, "seed": args.seed}
 
 
 def versions() -> dict[str, str | None]:

@@ -53,7 +53,7 @@ class FeatureServer:
         while step < self.depth or self._credits():
             start = time.perf_counter()
             batches = self.order.next_step(self.shards)
-            state = self.order.state_dict()
+            state = self.order.position()
             marks = []
             for rank, batch in zip(self.drafters, batches, strict=True):
                 begin = self.clock.mark()

@@ -32,7 +32,7 @@ from dflash.errors import ConfigError
 from dflash.flags import train_parser
 from dflash.model import DrafterConfig
 from dflash.options import drafter_differences
-from dflash.provenance import code_tree_sha256, header_lines, release_name, training_data
+from dflash.provenance import code_tree_sha256, header_lines, release_name
 from dflash.public_format import PublicDrafter, is_drafter_folder, read_folder, target_problems
 from dflash.stages import StageWindow, stage_text
 from dflash.status import StatusFile, utc_now
@@ -152,8 +152,13 @@ def resume(
         payload = cluster.share_drafters(loaded or None, src=holder)
     else:
         payload = loaded or torch.load(path, map_location="cpu", weights_only=True)
-    if not trainer.load_state_dict(payload["step"], payload) and lead:
-        log("warning: the data differ from the checkpoint's; the data order starts over")
+    if trainer.load_state_dict(payload["step"], payload):
+        status.update(data_order="resumed")
+    else:
+        note = data_order_note(payload.get("data") or {}, trainer.source.data)
+        status.update(data_order=note)
+        if lead:
+            log(f"warning: {note}")
     # resumed_from_step: a deploy's health check counts the steps of this run from there.
     status.update(
         step=trainer.step,
@@ -163,6 +168,18 @@ def resume(
     if lead:
         log(f"resumed from {path} at step {trainer.step}")
     return trainer.step
+
+
+def data_order_note(saved: dict[str, Any], data: dict[str, Any]) -> str:
+    """Why a resumed run starts a new data order (it keeps the weights)."""
+    before = str(saved.get("data_sha256") or "unknown")[:12]
+    now = str(data.get("content_sha256"))[:12]
+    if before != now:
+        why = f"the data differ from the checkpoint's (sha256 {before} -> {now})"
+    else:
+        counts = f"{saved.get('num_samples')} -> {data.get('samples_in_order')}"
+        why = f"the samples the order takes at this --max-seq-len differ ({counts})"
+    return f"new data order: {why}; the weights are resumed, the order starts at epoch 0"
 
 
 def save_checkpoint(
@@ -180,7 +197,7 @@ def save_checkpoint(
         "run_id": args.run_id,
         "release": release_name(),
         "code_tree_sha256": code_tree_sha256(),
-        "training_data": training_data(args),
+        "training_data": {**trainer.source.data, "seed": args.seed},
     }
     path = checkpoint.save(folder, trainer.step, {**trainer.state_dict(), **extra})
     checkpoint.prune(folder, args.keep_checkpoints)
@@ -224,6 +241,7 @@ def train(args: argparse.Namespace, cluster: Cluster, status: StatusFile, stop: 
     lead = cluster.rank == cluster.layout.lead
     status.write(state="warming")  # loading, generating data, compiling: until the first step
     trainer, cfg = build_trainer(args, cluster, rank_log(cluster))
+    status.update(data=trainer.source.data)
     folder = Path(args.checkpoint_dir)
     saved_step = resume(trainer, cfg, cluster, args, status)
     throughput = Throughput(args.throughput_window)
@@ -285,7 +303,7 @@ def serve(args: argparse.Namespace, cluster: Cluster) -> int:
     # The holder decides where to start; target ranks follow.
     plan = shared_plan(cluster, checkpoint_holder(cluster, Path(args.checkpoint_dir)))
     if plan["data"] is not None and not server.order.load_state_dict(plan["data"]):
-        say("warning: the data differ from the checkpoint's; the data order starts over")
+        say(f"warning: {data_order_note(plan['data'], server.order.data)}")
     steps = server.run()
     say(f"served {steps} steps to drafter ranks {server.drafters}")
     return 0

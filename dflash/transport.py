@@ -23,14 +23,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-# Header (float64): batch number, unpadded tokens, the data order's epoch / index / sample count
-# after this step, then the target's seconds per step of its previous step: forward, transfer,
-# idle (-1: not known yet).
+# Header (float64): batch number, unpadded tokens, the data order's epoch / index / position /
+# sample count after this step (its data hash the drafter knows from the start), then the
+# target's seconds per step of its previous step: forward, transfer, idle (-1: not known yet).
 HEADER_FIELDS = (
     "seq",
     "num_tokens",
     "epoch",
     "index",
+    "position",
     "num_samples",
     "target_forward",
     "transfer",
@@ -81,13 +82,17 @@ def wait_credit(src: int, control: Any) -> bool:
     return bool(credit.item() > 0)
 
 
-def send_frozen(tensors: dict[str, Tensor], mask_token_id: int, dst: int, control: Any) -> None:
-    """Target -> drafter at start: the MASK id and the frozen embedding / lm_head (one tensor
-    when tied), which the drafter shares instead of loading the whole target."""
+def send_frozen(
+    tensors: dict[str, Tensor], mask_token_id: int, data: dict[str, Any], dst: int, control: Any
+) -> None:
+    """Target -> drafter at start: the MASK id, what the data are (the store's summary, which
+    the lead reports) and the frozen embedding / lm_head (one tensor when tied), which the
+    drafter shares instead of loading the whole target."""
     names = list(tensors)
     tied = len(names) == 2 and tensors[names[0]] is tensors[names[1]]
     meta = {
         "mask_token_id": mask_token_id,
+        "data": data,
         "tied": tied,
         "shapes": {name: (tuple(t.shape), t.dtype) for name, t in tensors.items()},
     }
@@ -96,7 +101,9 @@ def send_frozen(tensors: dict[str, Tensor], mask_token_id: int, dst: int, contro
         dist.send(tensors[name].contiguous(), dst)
 
 
-def recv_frozen(src: int, device: torch.device, control: Any) -> tuple[dict[str, Tensor], int]:
+def recv_frozen(
+    src: int, device: torch.device, control: Any
+) -> tuple[dict[str, Tensor], int, dict[str, Any]]:
     box: list[Any] = [None]
     dist.recv_object_list(box, src, group=control)
     meta = box[0]
@@ -108,7 +115,7 @@ def recv_frozen(src: int, device: torch.device, control: Any) -> tuple[dict[str,
         dist.recv(received[name], src)
     if meta["tied"]:
         received[names[1]] = received[names[0]]
-    return received, int(meta["mask_token_id"])
+    return received, int(meta["mask_token_id"]), meta["data"]
 
 
 @dataclass

@@ -33,6 +33,15 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch._dynamo  # noqa: F401
 
 
+@pytest.fixture(autouse=True)
+def data_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A trainer given a JSONL file prepares it into $DFLASH_DATA_CACHE: a test's own folder,
+    never the user's ~/.cache."""
+    folder = tmp_path / "data-cache"
+    monkeypatch.setenv("DFLASH_DATA_CACHE", str(folder))
+    return folder
+
+
 @pytest.fixture
 def source_repo(tmp_path: Path) -> Callable[..., Path]:
     """A git checkout with dflash/; call it as commit(name, files) to add a tagged commit."""

@@ -89,10 +89,13 @@ def test_export_loads_back_with_the_same_logits(tmp_path, trained, tiny, capsys)
     # Provenance: the run that trained it, the code that exported it, checksums of every file.
     origin = json.loads((tmp_path / "bf" / "dflash_export.json").read_text())
     assert origin["step"] == STEPS and origin["trained_by"]["run_id"] == "t1"
-    assert origin["trained_by"]["data"] == {
-        "self_generated": {"samples": 16, "prompt_len": 16, "new_tokens": 48},
-        "seed": 0,
-    }
+    data = origin["trained_by"]["data"]
+    assert data == payload["training_data"]
+    assert data["kind"] == "self_generated" and data["seed"] == 0
+    assert data["generated"] == {
+        "target_model": "tiny", "samples": 16, "prompt_len": 16, "new_tokens": 48, "seed": 0
+    }  # fmt: skip
+    assert len(data["content_sha256"]) == 64 and data["samples"] == data["samples_in_order"]
     assert origin["trained_by"]["code_tree_sha256"] == payload["code_tree_sha256"]
     assert set(origin["exported_by"]) == {"release", "code_tree_sha256", "time"}
     sums = (tmp_path / "bf" / "SHA256SUMS").read_text().split()

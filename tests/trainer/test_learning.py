@@ -7,7 +7,7 @@ import statistics
 import pytest
 import torch
 
-from dflash.data import BatchOrder, ShardedOrder, random_prompts, self_generated
+from dflash.data import BatchOrder, ShardedOrder, random_prompts, sample_store, self_generated
 from dflash.eval import acceptance_length
 from dflash.model import DrafterConfig
 from dflash.options import build_drafter
@@ -26,7 +26,7 @@ def test_loss_falls_and_tau_rises(tiny_target):
     drafter = build_drafter(
         cfg, tiny_target.embed_weight(), tiny_target.lm_head_weight(), cpu, seed=0
     )
-    order = ShardedOrder(BatchOrder(samples, 256, 8, None, seed=0), num_shards=1)
+    order = ShardedOrder(BatchOrder(sample_store(samples), 256, 8, None, seed=0), num_shards=1)
     source = LocalFeatureSource(tiny_target, order, shard=0, device=cpu)
     step = DrafterStep(drafter, gamma=7.0, num_anchors=512, compile=False)
     schedule = dict(lr=3e-3, max_steps=STEPS, warmup_ratio=0.04, grad_clip=1.0, seed=0)

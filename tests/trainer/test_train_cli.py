@@ -144,3 +144,52 @@ def test_module_entry_points_show_help():
     for module in ("dflash.train", "dflash.warmup", "dflash.eval"):
         result = run_module(module, "--help", cwd=REPO)
         assert result.returncode == 0 and "usage: python -m " + module in result.stdout
+
+
+def test_a_store_run_reports_its_data_and_resumes_its_order_on_the_same_data_only(tmp_path):
+    """status.json and the checkpoint name the data; a restart on the same store resumes the
+    order, on a store prepared again from other records starts a new one and says so."""
+    from dflash.prepare import prepare
+    from dflash.records import Settings
+
+    def records(seed: int) -> str:
+        rows = [{"input_ids": [(seed + i * 7 + k) % 120 for k in range(12)], "loss_mask":
+                 [0] * 4 + [1] * 8} for i in range(40)]  # fmt: skip
+        return "".join(json.dumps(row) + "\n" for row in rows)
+
+    (tmp_path / "a.jsonl").write_text(records(1))
+    store = tmp_path / "store"
+    first = prepare([tmp_path / "a.jsonl"], store, Settings(64, 128, None), say=lambda _: None)
+    args = [*FAST, "--data", str(store), "--checkpoint-dir", str(tmp_path / "ck"),
+            "--status-file", str(tmp_path / "status.json"), "--checkpoint-every", "2"]  # fmt: skip
+    result = run_module("dflash.train", *args, "--max-steps", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"sha256 {first['content_sha256'][:12]}" in result.stdout
+    status = read_status(tmp_path / "status.json")
+    assert status["data"]["kind"] == "store" and status["data"]["path"] == str(store)
+    assert status["data"]["content_sha256"] == first["content_sha256"]
+    assert status["data"]["samples"] == 40 and status["data"]["sources"][0]["name"] == "a.jsonl"
+    saved = torch.load(tmp_path / "ck" / "step-00000002.pt", weights_only=True)
+    assert saved["training_data"]["content_sha256"] == first["content_sha256"]
+    assert saved["data"]["data_sha256"] == first["content_sha256"]
+
+    result = run_module("dflash.train", *args, "--max-steps", "4", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert read_status(tmp_path / "status.json")["data_order"] == "resumed"
+    assert "new data order" not in result.stdout
+
+    (tmp_path / "b.jsonl").write_text(records(2))
+    second = prepare([tmp_path / "b.jsonl"], store, Settings(64, 128, None), force=True,
+                     say=lambda _: None)  # fmt: skip
+    result = run_module("dflash.train", *args, "--max-steps", "6", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    before, now = first["content_sha256"][:12], second["content_sha256"][:12]
+    note = (
+        f"new data order: the data differ from the checkpoint's (sha256 {before} -> {now}); "
+        "the weights are resumed, the order starts at epoch 0"
+    )
+    assert f"warning: {note}" in result.stdout
+    assert "resumed from" in result.stdout
+    status = read_status(tmp_path / "status.json")
+    assert status["data_order"] == note and status["data"]["content_sha256"] == second[
+        "content_sha256"]  # fmt: skip

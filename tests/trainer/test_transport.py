@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dflash.data import BatchOrder, Sample, ShardedOrder
+from dflash.data import BatchOrder, Sample, ShardedOrder, sample_store
 from dflash.pipeline import RemoteFeatureSource
 from dflash.server import FeatureServer
 from dflash.transport import FeatureReceiver, WireShape
@@ -35,7 +35,7 @@ class StandInTarget:
 
 def order() -> ShardedOrder:
     samples = [Sample([i + 1] * (3 + i % 5), [1] * (3 + i % 5)) for i in range(40)]
-    batches = BatchOrder(samples, ROWS * SEQ, pad_to=SEQ, fixed_rows=ROWS, seed=5)
+    batches = BatchOrder(sample_store(samples), ROWS * SEQ, pad_to=SEQ, fixed_rows=ROWS, seed=5)
     return ShardedOrder(batches, num_shards=2)
 
 
@@ -50,7 +50,9 @@ def worker(rank: int, rendezvous: str, out: str) -> None:
     else:
         cpu = torch.device("cpu")
         wire = WireShape(ROWS, SEQ, DIM, torch.float32)
-        source = RemoteFeatureSource(lambda: FeatureReceiver(0, wire, cpu, DEPTH, control), cpu)
+        source = RemoteFeatureSource(
+            lambda: FeatureReceiver(0, wire, cpu, DEPTH, control), cpu, order().data
+        )
         taken = []
         for _ in range(STEPS):
             source.credit(True)
