@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import statistics
@@ -89,7 +88,7 @@ def write_jsonl(path: Path, tokens: int) -> None:
             for start, n in zip(starts.tolist(), lengths.tolist(), strict=True):
                 prompt = int(n - mask[start : start + n].sum())
                 lines.append(
-                    '{"input_ids": [' + ", ".join(words[ids[start : start + n]]) + '], '
+                    '{"input_ids": [' + ", ".join(words[ids[start : start + n]]) + "], "
                     '"loss_mask": [' + ", ".join(["0"] * prompt + ["1"] * (n - prompt)) + "]}\n"
                 )
             out.write("".join(lines))
@@ -164,13 +163,9 @@ def smaps(pid: int) -> dict[str, int]:
 
 def memory(store: Path, processes: int) -> dict[str, int]:
     """Summed over `processes` that each opened the store and took their batches."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", HOLD, str(store), str(MEMORY_BATCHES)], cwd=REPO,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        for _ in range(processes)
-    ]
+    command = [sys.executable, "-c", HOLD, str(store), str(MEMORY_BATCHES)]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+    procs = [subprocess.Popen(command, cwd=REPO, **pipes) for _ in range(processes)]
     try:
         for proc in procs:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
@@ -252,8 +247,10 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     print()
     print(f"medians of {args.runs}; memory after {MEMORY_BATCHES} batches, MB")
-    print("| tokens | samples | prepare s | prepare M tok/s | start->data s | start->step 1 s "
-          "| 1 proc RSS / PSS / private | 4 procs RSS / PSS / private (sums) |")
+    print(
+        "| tokens | samples | prepare s | prepare M tok/s | start->data s | start->step 1 s "
+        "| 1 proc RSS / PSS / private | 4 procs RSS / PSS / private (sums) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         one, four = r["one"], r["four"]

@@ -10,8 +10,16 @@ from typing import Any
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
 )
+from dflash_data import changed_under, identity, recorded
 from dflash_deploy_lock import describe, holder_alive
-from dflash_layout import LayoutError, env_warnings, gpu_layout, trainer_env, trainer_flags
+from dflash_layout import (
+    LayoutError,
+    data_flags,
+    env_warnings,
+    gpu_layout,
+    trainer_env,
+    trainer_flags,
+)
 from dflash_lines import last_deployment
 from dflash_lock import lock_id, lock_problems
 from dflash_release import release_id_problem
@@ -294,6 +302,37 @@ def setup_findings(facts: dict) -> list[dict]:
     return out
 
 
+def data_findings(facts: dict) -> list[dict]:
+    """`data`: what lies where a running trainer's data came from is no longer what it read
+    (a store prepared again, truncated or removed; a JSONL file changed)."""
+    out, seen = [], set()
+    now = facts.get("data") or {}
+    for proc in sorted((facts.get("trainers") or {}).get("processes") or [],
+                       key=lambda p: p["pid"]):  # fmt: skip
+        reported = (proc.get("status") or {}).get("data") or {}
+        path = reported.get("path")
+        if path in seen:
+            continue
+        seen.add(path)
+        why = changed_under(reported, now.get(path))
+        if why:
+            sha = str(reported.get("content_sha256") or "")[:12]
+            out.append(
+                finding(
+                    "data",
+                    f"the {reported.get('kind')} {path} as the trainer read it at start"
+                    + (f" (sha256 {sha})" if sha else ""),
+                    why,
+                    "the trainer still trains on what it read (a store replaced whole keeps its "
+                    "old files open; one changed in place mixes both): deploy.yml restarts it "
+                    f"on the data at {path} now, or put the data it read back there",
+                    path=path,
+                    pid=proc["pid"],
+                )
+            )
+    return out
+
+
 def dflash_findings(
     facts: dict, heartbeat_max_age: float = 60, lock_stale_after: float = 1800
 ) -> list[dict]:
@@ -303,6 +342,7 @@ def dflash_findings(
         + code_findings(facts)
         + trainer_findings(facts, heartbeat_max_age)
         + setup_findings(facts)
+        + data_findings(facts)
     )
 
 
@@ -330,7 +370,7 @@ def dflash_run_spec(data: dict) -> dict:
             data.get("target_gpus"), data.get("drafter_gpus"), bool(data.get("colocated")),
             None if (data.get("args") or {}).get("cpu_ranks") else data.get("visible"),
         ),
-        "flags": lambda: trainer_flags(data.get("args") or {}),
+        "flags": lambda: trainer_flags(data.get("args") or {}) + data_flags(data.get("data")),
         "env": lambda: trainer_env(data.get("env") or {}),
     }  # fmt: skip
     for key, check in checks.items():
@@ -351,4 +391,6 @@ class FilterModule:
             "dflash_lock_problems": lock_problems,
             "dflash_lock_id": lock_id,
             "dflash_run_spec": dflash_run_spec,
+            "dflash_data_record": recorded,
+            "dflash_data_identity": identity,
         }

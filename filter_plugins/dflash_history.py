@@ -43,7 +43,8 @@ def history_lines(deployments: list[dict]) -> list[str]:
     """One line per deployment: what ran, how it ended and how fast it trained."""
     if not deployments:
         return ["no deployments recorded"]
-    header = ["#", "time", "action", "release", "tree", "lock", "layout", "result", "tokens/s"]
+    header = ["#", "time", "action", "release", "tree", "lock", "layout", "data", "result",
+              "tokens/s"]  # fmt: skip
     rows = [
         [
             str(d["number"]),
@@ -53,6 +54,7 @@ def history_lines(deployments: list[dict]) -> list[str]:
             _short(d.get("tree_sha256")),
             _short(d.get("lock_id")),
             _layout(d.get("layout")),
+            _short(d.get("data")),
             _short(d.get("result")),
             _speed(d.get("tokens_per_s")),
         ]
@@ -88,7 +90,7 @@ def diff_lines(diff: dict) -> list[str]:
     for _path, text in sorted(files["text"].items()):
         lines.extend(text.rstrip("\n").split("\n"))
     if not files["added"] + files["removed"] + files["changed"] and not diff["changes"]:
-        lines.append("same code, environment, run.sh values and GPU layout")
+        lines.append("same code, environment, run.sh values, GPU layout and data")
     return lines
 
 

@@ -23,6 +23,7 @@ SAME = {
     "trainer_args": "dflash_trainer_args",
     "trainer_env": "dflash_trainer_env",
     "torchrun_args": "dflash_torchrun_args",
+    "data": "the training data (dflash_data: a store's content hash, a file's name and size)",
     "lock": "the environment lock's pins (dflash_lock, its source aside)",
     "port": "dflash_job_port",
     "rdzv_id": "the recorded rendezvous id (the deployment to roll back to)",

@@ -11,6 +11,7 @@ from typing import Any
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
 )
+from dflash_data import changed_under
 from dflash_lines import last_deployment
 from dflash_procs import TRAINING_STATES, stopped
 
@@ -56,6 +57,10 @@ def _trainer_work(state: dict[str, Any], tree_sha256: str, run_sh_sha256: str) -
         reasons.append("the trainer's status.json names another code tree")
     if status.get("state") not in TRAINING_STATES:
         reasons.append(f"the trainer's status is {status.get('state') or 'unknown'}")
+    data = status.get("data") or {}
+    moved = changed_under(data, (state.get("data") or {}).get(str(data.get("path"))))
+    if moved:
+        reasons.append(f"the trainer's data changed since it started: {moved}")
     last = last_deployment(state.get("history") or []) or {}
     if last.get("run_id") != record.get("run_id"):
         reasons.append("history's newest deployment is not this trainer's run (it is adopted)")

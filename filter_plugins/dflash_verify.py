@@ -11,6 +11,7 @@ from typing import Any
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
 )
+from dflash_data import length_shift
 from dflash_gpu import judge_facts
 
 RUNNING = ("running", "checkpointing")
@@ -183,6 +184,8 @@ def throughput_findings(
         )
         found.append(f"x{ratios['fastest']:g} of the fastest")
     trainer = trainer_summary(facts) or {}
+    _, status = _trainer(facts) or ({}, {})
+    data_moved = length_shift((fastest or check or {}).get("data"), status.get("data"))
     host_changed = (
         "nothing was deployed since it ran fast: look at the host (the gpu finding, other "
         "processes); "
@@ -195,7 +198,12 @@ def throughput_findings(
             "; ".join(expected),
             f"{_speed(view['tokens_per_s'])} tokens/s over the last {view['window']['steps']} "
             f"steps at step {trainer.get('step')} ({', '.join(found)})",
-            f"{grown_stage(view['stages'], (check or {}).get('stages'))}; {host_changed}"
+            (
+                f"{data_moved} (against the {'fastest' if fastest else 'health check'}); "
+                if data_moved
+                else ""
+            )
+            + f"{grown_stage(view['stages'], (check or {}).get('stages'))}; {host_changed}"
             f"what changed since the fastest: {DIFF_FASTEST}",
             pid=trainer.get("pid"),
             tokens_per_s=view["tokens_per_s"],

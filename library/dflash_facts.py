@@ -32,6 +32,11 @@ options:
   lock:
     description: An environment lock whose Python and wheelhouse are checked on the target.
     type: dict
+  data:
+    description:
+      - The training data a deploy names (C(dflash_data)), read as C(wanted_data) without
+        reading the data itself (a store's manifest and its arrays' sizes, a file's size).
+    type: str
   rollback_release:
     description:
       - The release a rollback goes to (an empty string for the previous deployment); returns
@@ -135,6 +140,17 @@ cache:
   description: The compile cache of that deployment, C(exists) and C(built_by).
   type: dict
   returned: always
+data:
+  description:
+    - By path, what lies now where a running trainer's status.json says its data are
+      (C(kind) store, jsonl, missing or unreadable; a store's manifest summary and
+      C(problems)), for verify's C(data) finding.
+  type: dict
+  returned: always
+wanted_data:
+  description: What lies at I(data) (as C(data) describes it; C(kind) self_generated too).
+  type: dict
+  returned: when data is given
 checkpoints:
   description: C(count) and C(newest) checkpoint.
   type: dict
@@ -183,6 +199,7 @@ from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_checks import environment_check, release_check, writable
+from ansible.module_utils.dflash_data import read_data, running_data
 from ansible.module_utils.dflash_deploy_lock import read_lock
 from ansible.module_utils.dflash_gpu import probe
 from ansible.module_utils.dflash_lines import GOOD_RESULTS
@@ -341,6 +358,7 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
     # The figures a running trainer's tokens/s is judged against, over the whole history.
     facts["throughput_references"] = throughput_references(history, index)
     facts["trainers"] = trainers(root)
+    facts["data"] = {path: read_data(path) for path in running_data(facts["trainers"]["processes"])}
     facts["gpu"] = probe([proc["pid"] for proc in facts["trainers"]["processes"]])
     facts["gpus"] = (
         None
@@ -363,6 +381,7 @@ def main() -> None:
             "check_release": {"type": "str"},
             "lock": {"type": "dict"},
             "rollback_release": {"type": "str"},
+            "data": {"type": "str"},
         },
         supports_check_mode=True,
     )
@@ -382,6 +401,8 @@ def main() -> None:
                 if deployed and deployed["exists"] and deployed["lock_id"] == wanted
                 else environment(params["root"], wanted, params["lock"])
             )
+    if params["data"] is not None:
+        facts["wanted_data"] = read_data(params["data"])
     if params["rollback_release"] is not None:
         release = params["rollback_release"] or facts["previous_deployment"]
         # The entry rollback.yml restores: the newest good deployment of that release.

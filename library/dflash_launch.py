@@ -176,6 +176,7 @@ import subprocess
 from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_data import changed_under, read_data
 from ansible.module_utils.dflash_deploy_lock import LockError, Watchdog, fence
 from ansible.module_utils.dflash_health import (
     LaunchError,
@@ -222,14 +223,27 @@ def running_matches(
     record = read_json(os.path.join(root, TRAINER_FILE))
     if not record or jobs(trainers) != [record.get("pid")] or stopped(trainers):
         return None
-    status = read_json(os.path.join(root, RUNS, record["run_id"], "status.json")) or {}
+    status = recorded_status(root)
     if (
         record.get("run_sh_sha256") == run_sh_sha
         and status.get("code_tree_sha256") == tree
         and status.get("state") in TRAINING_STATES
+        and data_change(status) is None
     ):
         return {"record": record, "status": status}
     return None
+
+
+def recorded_status(root: str) -> dict:
+    """The status.json of the trainer trainer.json names ({} without one)."""
+    run_id = (read_json(os.path.join(root, TRAINER_FILE)) or {}).get("run_id")
+    return (read_json(os.path.join(root, RUNS, run_id, "status.json")) or {}) if run_id else {}
+
+
+def data_change(status: dict) -> str | None:
+    """How the data at the path a trainer reported differ from what it read at start."""
+    data = status.get("data") or {}
+    return changed_under(data, read_data(data.get("path")))
 
 
 def write_json_atomic(path: str, data: dict) -> None:
@@ -309,8 +323,10 @@ def record_healthy(root: str, params: dict, manifest: dict, release: str, status
     """The healthy trainer's history line, written by the step that proved it."""
     if params["record"] is None:
         return False
+    # The data as the trainer itself read them, in place of what the deploy found at the path.
+    data = status.get("data") or params["record"].get("data")
     fields = dict(params["record"], run_id=run_id, tokens_per_s=status.get("tokens_per_s"),
-                  stages=status.get("stages"), **extra)  # fmt: skip
+                  stages=status.get("stages"), data=data, **extra)  # fmt: skip
     entry = history_entry(
         root, manifest, fields, release=release, action=params["action"], result="healthy",
         previous=params["previous"],
@@ -410,9 +426,11 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
         result["msg"] = f"already running (pid {record['pid']}), not restarted"
         return result
     result["changed"] = True
+    moved = data_change(recorded_status(root)) if trainers else None
     why = (
         "dflash_restart is set" if params["restart"]
         else f"trainer {stopped(trainers)} is stopped (SIGSTOP)" if stopped(trainers)
+        else f"its data changed since it started: {moved}" if moved
         else "no trainer runs this release and run.sh" if trainers
         else "no trainer runs"
     )  # fmt: skip

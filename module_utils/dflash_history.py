@@ -8,6 +8,7 @@ import difflib
 from collections.abc import Callable
 
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
+    from ansible.module_utils.dflash_data import diff_fields
     from ansible.module_utils.dflash_lock import pinned
     from ansible.module_utils.dflash_state import GOOD_RESULTS as GOOD
     from ansible.module_utils.dflash_state import deployment_index
@@ -18,6 +19,7 @@ try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
         shape_of,
     )
 except ImportError:  # in a controller filter, which puts module_utils/ on sys.path
+    from dflash_data import diff_fields
     from dflash_lock import pinned
     from dflash_state import GOOD_RESULTS as GOOD
     from dflash_state import deployment_index
@@ -48,11 +50,18 @@ def listing(history: list[dict]) -> list[dict]:
                 "trainer_args": run_sh.get("trainer_args"),
                 "result": entry.get("result"),
                 "tokens_per_s": entry.get("tokens_per_s"),
+                "data": _data_name(entry.get("data")),
                 "error": entry.get("error"),
                 "export": entry.get("export"),
             }
         )
     return rows
+
+
+def _data_name(data: dict | None) -> str | None:
+    """A deployment's data in a word: its content hash, else its kind."""
+    data = data or {}
+    return data.get("content_sha256") or data.get("kind")
 
 
 def _newest(history: list[dict], accept: Callable[[dict], bool]) -> int | None:
@@ -106,7 +115,8 @@ def _deployment(entry: dict) -> bool:
 
 
 def _identity(entry: dict) -> tuple:
-    return tuple(entry.get(k) for k in ("tree_sha256", "lock_id", "run_sh_sha256"))
+    code = tuple(entry.get(k) for k in ("tree_sha256", "lock_id", "run_sh_sha256"))
+    return (*code, _data_name(entry.get("data")))
 
 
 def _flatten(value: object, prefix: str) -> dict[str, object]:
@@ -205,6 +215,7 @@ def compare(
         *_changes("environment", environment_of(old), environment_of(new)),
         *_changes("run_sh", run_sh_values(old), run_sh_values(new)),
         *_changes("layout", _flatten(old_layout, ""), _flatten(new_layout, "")),
+        *_changes("data", diff_fields(old.get("data")), diff_fields(new.get("data"))),
     ]
     old_speed, new_speed = old.get("tokens_per_s"), new.get("tokens_per_s")
     both = isinstance(old_speed, (int, float)) and isinstance(new_speed, (int, float))

@@ -8,6 +8,11 @@ _FLAG_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by the toolkit itself in run.sh; inventory data may not override them.
 RESERVED_FLAGS = {"target_gpus", "drafter_gpus", "checkpoint_dir", "status_file", "run_id"}
+# Named by their own inventory variable, which preflight checks on the target.
+DATA_FLAGS = {
+    "data": "dflash_data",
+    "data_cache": "dflash_data (its JSONL cache is <root>/data-cache)",
+}
 RESERVED_ENV_PREFIXES = ("DFLASH_",)
 RESERVED_ENV = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTHONDONTWRITEBYTECODE"}
 # Allowed, but they change what code runs beside the release and its env, which verify cannot
@@ -106,6 +111,11 @@ def trainer_flags(args: object) -> list[list[str]]:
                 f"dflash_trainer_args sets '{key}', which the toolkit sets itself; use "
                 "dflash_target_gpus / dflash_drafter_gpus, or leave it out"
             )
+        if key in DATA_FLAGS:
+            raise LayoutError(
+                f"dflash_trainer_args sets '{key}'; name the training data with "
+                f"{DATA_FLAGS[key]}: a store folder or JSONL file on the target, or self_generated"
+            )
         flag = "--" + str(key).replace("_", "-")
         if value is True:
             groups.append([flag])
@@ -116,6 +126,18 @@ def trainer_flags(args: object) -> list[list[str]]:
         else:
             groups.append([flag, checked_value(str(value), f"dflash_trainer_args.{key}")])
     return groups
+
+
+def data_flags(data: object) -> list[list[str]]:
+    """run.sh's --data group for dflash_data: none for self_generated, else the path."""
+    if data in (None, "", "self_generated"):
+        return []
+    if not isinstance(data, str) or not data.startswith("/") or "\n" in data:
+        raise LayoutError(
+            f"dflash_data {data!r} must be self_generated or an absolute path on the target (a "
+            "store folder made by python -m dflash.data prepare, or a JSONL file)"
+        )
+    return [["--data", checked_value(data, "dflash_data")]]
 
 
 def trainer_env(env: object) -> dict[str, str]:

@@ -117,6 +117,10 @@ def reference(history: list[dict], index: int) -> dict:
         "time": entry.get("time"),
         "tokens_per_s": entry.get("tokens_per_s"),
         "stages": entry.get("stages"),
+        # What it trained on, so that a slower run on longer samples is named as such.
+        "data": {key: entry["data"].get(key) for key in ("content_sha256", "lengths")}
+        if entry.get("data")
+        else None,
     }
 
 

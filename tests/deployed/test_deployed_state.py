@@ -309,6 +309,13 @@ def test_trainer_throughput_within_ratio(state: Target) -> None:
     assert not problems, explain(state, problems)
 
 
+def test_trainer_reads_the_data_that_lie_there(state: Target) -> None:
+    # The store (or JSONL file) at the path the trainer reported is still what it read at
+    # start; self-generated data have no path to change under it.
+    problems = findings(state, "data")
+    assert not problems, explain(state, problems)
+
+
 def test_no_foreign_gpu_process(state: Target) -> None:
     # Every GPU of the layout there, held by this job's processes only (and memory by live
     # ones); a target without nvidia-smi (CPU) skips, saying so.

@@ -134,3 +134,27 @@ def test_an_unreachable_host_stops_its_job_before_any_change(tmp_path, trainer_r
     assert "nothing was changed on any host of the job" in flat
     assert not (tmp_path / "n1" / "releases").exists()
     assert not (tmp_path / "n1" / "current").exists()
+
+
+def test_hosts_of_a_job_that_name_different_data_are_refused_before_any_change(
+    tmp_path, trainer_repo
+):
+    """Each host names its own store; two stores of other content are two data sets."""
+    from dflash.prepare import prepare
+    from dflash.records import Settings
+
+    stores = {}
+    for number, host in enumerate(HOSTS):
+        jsonl = tmp_path / f"{host}.jsonl"
+        jsonl.write_text(json.dumps({"input_ids": [number + 1] * 12}) + "\n")
+        stores[host] = prepare([jsonl], tmp_path / f"store-{host}", Settings(64, 128, None),
+                               say=print)  # fmt: skip
+    per_host = {h: {"dflash_data": str(tmp_path / f"store-{h}")} for h in HOSTS}
+    inventory = job_inventory(tmp_path, **per_host)
+    result = run(tmp_path, "deploy.yml", inventory, dflash_source_dir=str(trainer_repo))
+    assert result.rc != 0
+    flat = " ".join(result.output.split())
+    assert "its hosts differ in the training data (dflash_data" in flat
+    for host in HOSTS:
+        assert f'"store {stores[host]["content_sha256"]}"' in flat
+        assert not (tmp_path / host / "releases").exists(), host

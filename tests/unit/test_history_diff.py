@@ -87,6 +87,40 @@ def test_diff_names_exactly_the_changed_file_package_and_run_sh_value():
     assert "jinja2" in table and "trainer_args.max_steps" in table and "x0.5" in table
 
 
+def store_data(sha: str, p50: int, samples: int = 1000, source_sha: str = "s1") -> dict:
+    return {
+        "kind": "store", "path": "/data/set", "content_sha256": sha, "samples": samples,
+        "tokens": samples * p50, "supervised_tokens": samples * p50 // 2,
+        "lengths": {"p50": p50, "p90": 2 * p50, "p99": 3 * p50, "max": 3072},
+        "sources": [{"name": "a.jsonl", "size": 123, "sha256": source_sha}],
+        "settings": {"max_seq_len": 3072, "vocab_size": 151936},
+    }  # fmt: skip
+
+
+def test_diff_shows_what_changed_in_the_data_and_previous_sees_a_data_only_change():
+    old = entry("v1", data=store_data("sha-a", 800))
+    new = entry("v1", data=store_data("sha-b", 1600, samples=2000, source_sha="s2"), speed=600.0)
+    assert select([old, new], "v1", "previous") == 0  # same code, env and run.sh: other data
+    diff = compare([old, new], 0, 1, {}, lambda r, p: None)
+    named = {(c["section"], c["name"]): (c["from"], c["to"]) for c in diff["changes"]}
+    assert named == {
+        ("data", "content_sha256"): ("sha-a", "sha-b"),
+        ("data", "samples"): (1000, 2000),
+        ("data", "tokens"): (800_000, 3_200_000),
+        ("data", "supervised_tokens"): (400_000, 1_600_000),
+        ("data", "lengths.p50"): (800, 1600),
+        ("data", "lengths.p90"): (1600, 3200),
+        ("data", "lengths.p99"): (2400, 4800),
+        ("data", "sources"): ("a.jsonl (123 bytes, sha256 s1)", "a.jsonl (123 bytes, sha256 s2)"),
+    }
+    table = "\n".join(diff_lines(diff))
+    assert "lengths.p50" in table and "sha-b" in table
+    same = compare([old, old], 0, 1, {}, lambda r, p: None)
+    assert "same code, environment, run.sh values, GPU layout and data" in diff_lines(same)
+    assert listing([old])[0]["data"] == "sha-a"
+    assert listing([entry("v1", data={"kind": "self_generated"})])[0]["data"] == "self_generated"
+
+
 def test_files_of_a_pruned_or_rebuilt_release_are_not_guessed():
     manifests = {"v2": {"tree_sha256": "other-tree", "files": {}}}
     diff = compare([entry("v1"), entry("v2")], 0, 1, manifests, lambda r, p: None)
@@ -100,7 +134,7 @@ def test_listing_numbers_every_line_and_the_table_shows_results_and_speed():
     assert rows[2]["error"] == "tokens/s under the floor"
     lines = history_lines(rows)
     assert lines[0].split() == [
-        "#", "time", "action", "release", "tree", "lock", "layout", "result", "tokens/s"
+        "#", "time", "action", "release", "tree", "lock", "layout", "data", "result", "tokens/s"
     ]  # fmt: skip
     assert "rolled_back" in lines[3] and "300" in lines[3]
     assert history_lines([]) == ["no deployments recorded"]

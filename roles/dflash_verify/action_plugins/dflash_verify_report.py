@@ -84,7 +84,8 @@ prom_path:
 # Every finding kind (README.md, verify.yml): each is a series, 0 when absent, so an alert
 # on one kind needs no `absent()`.
 KINDS = ("code", "release", "stale_process", "duplicate_trainer", "not_running",
-         "heartbeat_stale", "environment", "run_script", "cache", "throughput", "gpu")  # fmt: skip
+         "heartbeat_stale", "environment", "run_script", "cache", "throughput", "gpu",
+         "data")  # fmt: skip
 VERDICTS = ("ok", "drift", "unreachable")
 JOB_VERDICTS = ("ok", "drift", "broken")
 REFERENCES = ("health_check", "fastest")

@@ -1,0 +1,183 @@
+# The training data a deployment names (dflash_data; README "Training data"): what is on the
+# target at that path, read without reading the data (a store's manifest and its files' sizes,
+# a JSONL file's size and time), and whether a running trainer's data (the manifest summary in
+# its status.json) is still what lies there. Standard library only: the target's modules and
+# the controller's filters use it alike.
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+
+SELF_GENERATED = "self_generated"
+STORE_MANIFEST = "manifest.json"
+STORE_FORMAT = "dflash-token-store"
+# What a history line and a diff keep of a store's manifest (its per-file table stays there).
+SUMMARY_KEYS = ("content_sha256", "samples", "tokens", "supervised_tokens", "lengths",
+                "max_token_id", "sources", "tokenizer", "settings", "created")  # fmt: skip
+
+
+def _mtime(path: str) -> str:
+    stamp = os.stat(path).st_mtime
+    return datetime.fromtimestamp(stamp, timezone.utc).isoformat(timespec="seconds")
+
+
+def read_data(path: str | None) -> dict:
+    """The data at `path` on this machine: `kind` self_generated, store, jsonl, missing or
+    unreadable; a store with its manifest's summary and `problems` (arrays whose size is not
+    the manifest's), a JSONL file with its size and mtime."""
+    if not path or path == SELF_GENERATED:
+        return {"kind": SELF_GENERATED}
+    if os.path.isdir(path):
+        return _read_store(path)
+    if os.path.isfile(path):
+        try:
+            return {"kind": "jsonl", "path": path, "size": os.path.getsize(path),
+                    "mtime": _mtime(path)}  # fmt: skip
+        except OSError as exc:
+            return {"kind": "unreadable", "path": path, "error": str(exc)}
+    return {"kind": "missing", "path": path}
+
+
+def _read_store(path: str) -> dict:
+    try:
+        with open(os.path.join(path, STORE_MANIFEST), encoding="utf-8") as handle:
+            manifest = json.load(handle)
+    except FileNotFoundError:
+        return {"kind": "unreadable", "path": path,
+                "error": f"no {STORE_MANIFEST}: not a prepared store"}  # fmt: skip
+    except (OSError, ValueError) as exc:
+        return {"kind": "unreadable", "path": path, "error": f"{STORE_MANIFEST}: {exc}"}
+    if not isinstance(manifest, dict) or manifest.get("format") != STORE_FORMAT:
+        return {"kind": "unreadable", "path": path,
+                "error": f"{STORE_MANIFEST} is not a {STORE_FORMAT} manifest"}  # fmt: skip
+    problems = []
+    for entry in (manifest.get("arrays") or {}).values():
+        file = os.path.join(path, str(entry.get("file")))
+        size = os.path.getsize(file) if os.path.isfile(file) else None
+        # numpy's dtype string ends in the item size: "<i4", "|u1", "<i8".
+        want = int(entry.get("count", 0)) * int(str(entry.get("dtype", "x1"))[-1])
+        if size != want:
+            problems.append(f"{entry.get('file')} holds {size} bytes, its manifest says {want}")
+    summary = {key: manifest[key] for key in SUMMARY_KEYS if key in manifest}
+    return {"kind": "store", "path": path, "manifest": summary, "problems": problems}
+
+
+def identity(data: dict | None) -> str:
+    """One string that two hosts of a job (or two deployments) share when they train on the
+    same data: a store's content hash, a JSONL file's name and size, or self_generated."""
+    data = data or {}
+    kind = data.get("kind")
+    if kind == "store":
+        return f"store {(data.get('manifest') or {}).get('content_sha256')}"
+    if kind == "jsonl":
+        return f"jsonl {os.path.basename(str(data.get('path')))} {data.get('size')} bytes"
+    if kind == SELF_GENERATED:
+        return SELF_GENERATED
+    return f"{kind} {data.get('path')}"
+
+
+def recorded(data: dict | None) -> dict | None:
+    """What a history line records of the data read on the target (before a trainer reports
+    its own): the kind, the path and the store's summary or the file's size and time."""
+    if not data:
+        return None
+    out = {key: data[key] for key in ("kind", "path", "size", "mtime") if key in data}
+    out.update(data.get("manifest") or {})
+    return out
+
+
+def changed_under(reported: dict | None, now: dict | None) -> str | None:
+    """How the data a running trainer reported (status.json `data`) differ from what lies at
+    its path now; None when they are the same or cannot be compared (self-generated data)."""
+    reported = reported or {}
+    kind, path = reported.get("kind"), reported.get("path")
+    if kind not in ("store", "jsonl") or not path:
+        return None
+    now = now or {}
+    if now.get("kind") in ("missing", "unreadable"):
+        return f"{path} is {now['kind']}" + (f" ({now['error']})" if now.get("error") else "")
+    if kind == "store":
+        if now.get("kind") != "store":
+            return f"{path} is no longer a store (now {now.get('kind')})"
+        was = str(reported.get("content_sha256"))
+        found = str((now.get("manifest") or {}).get("content_sha256"))
+        if found != was:
+            return f"the store at {path} was prepared again (sha256 {was[:12]} -> {found[:12]})"
+        if now.get("problems"):
+            return f"the store at {path} changed on disk: {'; '.join(now['problems'])}"
+        return None
+    source = next(iter(reported.get("sources") or []), {})
+    if now.get("kind") != "jsonl":
+        return f"{path} is no longer a file (now {now.get('kind')})"
+    then = (source.get("size"), source.get("mtime"))
+    if then != (now.get("size"), now.get("mtime")):
+        return (
+            f"the file {path} changed (size {then[0]} -> {now.get('size')}, modified "
+            f"{then[1]} -> {now.get('mtime')})"
+        )
+    return None
+
+
+def running_data(processes: list[dict]) -> dict[str, dict]:
+    """The `data` each trainer's status.json reports, by path (the paths facts must read)."""
+    found = {}
+    for proc in processes:
+        data = (proc.get("status") or {}).get("data") or {}
+        if data.get("kind") in ("store", "jsonl") and data.get("path"):
+            found[str(data["path"])] = data
+    return found
+
+
+# A percentile that moves by more than this share is a change of workload, not noise.
+LENGTH_SHIFT = 0.1
+
+
+def length_shift(then: dict | None, now: dict | None) -> str | None:
+    """What changed in the data between two runs, for the throughput finding's hint: sample
+    lengths that moved (longer samples train at other tokens/s), or other data of like
+    lengths; None when both name the same data or either is unknown."""
+    then, now = then or {}, now or {}
+    before, after = then.get("content_sha256"), now.get("content_sha256")
+    if not before or not after or before == after:
+        return None
+    old, new = then.get("lengths") or {}, now.get("lengths") or {}
+    moved = [
+        f"{key} {old[key]} -> {new[key]}"
+        for key in ("p50", "p90", "max")
+        if old.get(key) and new.get(key) is not None
+        and abs(new[key] - old[key]) > LENGTH_SHIFT * old[key]
+    ]  # fmt: skip
+    if moved:
+        return (
+            f"the data's sample lengths moved ({', '.join(moved)} tokens): longer or shorter "
+            "samples change tokens/s; rule that out first"
+        )
+    return f"the data changed (sha256 {before[:12]} -> {after[:12]}), with lengths alike"
+
+
+def diff_fields(data: dict | None) -> dict[str, object]:
+    """A history line's data as flat name: value pairs, for diff.yml's data section."""
+    data = data or {}
+    flat: dict[str, object] = {
+        key: data.get(key)
+        for key in ("kind", "path", "content_sha256", "samples", "tokens", "supervised_tokens")
+    }
+    for key, value in (data.get("lengths") or {}).items():
+        flat[f"lengths.{key}"] = value
+    for key, value in (data.get("settings") or {}).items():
+        flat[f"settings.{key}"] = value
+    for key, value in (data.get("generated") or {}).items():
+        flat[f"generated.{key}"] = value
+    sources = data.get("sources") or []
+    if sources:
+        flat["sources"] = ", ".join(
+            f"{s.get('name')} ({s.get('size')} bytes, sha256 {str(s.get('sha256'))[:12]})"
+            for s in sources
+        )
+    tokenizer = data.get("tokenizer") or {}
+    if tokenizer:
+        flat["tokenizer"] = f"{tokenizer.get('name')} ({str(tokenizer.get('sha256'))[:12]})"
+    if data.get("kind") == "jsonl" and not data.get("content_sha256"):
+        flat.update(size=data.get("size"), mtime=data.get("mtime"))
+    return {key: value for key, value in flat.items() if value is not None}

@@ -1,0 +1,108 @@
+"""Training data on the local target (dflash_data): a JSONL file prepared by the trainer into
+<root>/data-cache, a prepared store, the store prepared again under the running trainer
+(verify's `data` finding), the deploy that restarts it on the new data (its checkpoint's order
+not resumed on other data), and diff.yml's data section; a path that is not there is refused
+before anything changes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from dflash.prepare import prepare
+from dflash.records import Settings
+from tests.integration.conftest import TRAINER_ARGS, status_of
+
+ARGS = {key: value for key, value in TRAINER_ARGS.items() if key != "gen_samples"}
+
+
+def write_records(path: Path, seed: int, length: int) -> Path:
+    """Samples the tiny target can take (ids below its MASK id, 127): a prompt, a response."""
+    rng = np.random.default_rng(seed)
+    with path.open("w") as out:
+        for _ in range(200):
+            ids = rng.integers(0, 127, length).tolist()
+            out.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 8 + [1] * (length - 8)}))
+            out.write("\n")
+    return path
+
+
+def history(root: Path) -> list[dict]:
+    return [json.loads(line) for line in (root / "history.jsonl").read_text().splitlines()]
+
+
+def kinds(run) -> list[str]:
+    return [item["kind"] for item in run.report["hosts"]["local"]["findings"]]
+
+
+def test_a_missing_store_is_refused_before_any_change(playbook, target_root, tmp_path):
+    missing = tmp_path / "no-such-store"
+    result = playbook("deploy.yml", dflash_data=str(missing))
+    assert result.rc != 0
+    flat = " ".join(result.output.split())
+    assert f"dflash_data '{missing}' on local: no such file or folder on the target" in flat
+    assert f"-m dflash.data prepare --out {missing} FILE.jsonl" in flat
+    assert not (target_root / "releases").exists() and not (target_root / "history.jsonl").exists()
+
+
+def test_data_from_jsonl_to_a_store_prepared_again_under_the_trainer(
+    deploy, playbook, target_root, tmp_path
+):
+    jsonl = write_records(tmp_path / "a.jsonl", seed=1, length=40)
+    first = deploy("v1", dflash_trainer_args=ARGS, dflash_data=str(jsonl))
+    assert first.rc == 0, first.output
+    status = status_of(target_root)
+    assert status["data"]["kind"] == "jsonl" and status["data"]["path"] == str(jsonl)
+    assert Path(status["data"]["store"]).parent == target_root / "data-cache"
+    assert history(target_root)[-1]["data"]["content_sha256"] == status["data"]["content_sha256"]
+
+    store = tmp_path / "store"
+    settings = Settings(max_seq_len=3072, vocab_size=128, tokenizer=None)
+    old = prepare([write_records(tmp_path / "b.jsonl", 2, 40)], store, settings, say=print)
+    second = deploy("v1", dflash_trainer_args=ARGS, dflash_data=str(store))
+    assert second.rc == 0, second.output
+    assert status_of(target_root)["data"]["content_sha256"] == old["content_sha256"]
+    assert playbook("verify.yml").rc == 0
+
+    # The store is prepared again, from longer samples, while the trainer reads the old one.
+    new = prepare([write_records(tmp_path / "c.jsonl", 3, 80)], store, settings, force=True,
+                  say=print)  # fmt: skip
+    audit = playbook("verify.yml")
+    assert audit.rc != 0 and kinds(audit) == ["data"], audit.output
+    [item] = audit.report["hosts"]["local"]["findings"]
+    assert item["path"] == str(store)
+    assert item["found"] == (
+        f"the store at {store} was prepared again (sha256 {old['content_sha256'][:12]} -> "
+        f"{new['content_sha256'][:12]})"
+    )
+    assert "deploy.yml restarts it on the data at" in item["hint"]
+
+    # The same deploy again is no no-op: it restarts the trainer on the data there now.
+    third = deploy("v1", dflash_trainer_args=ARGS, dflash_data=str(store))
+    assert third.rc == 0, third.output
+    flat = " ".join(third.output.split())
+    # The deploy's reason (YAML output doubles the quote), then the launch's.
+    assert "trainer''s data changed since it started: the store at" in flat
+    assert "(run " in flat and "its data changed since it started: the store at" in flat
+    status = status_of(target_root)
+    assert status["data"]["content_sha256"] == new["content_sha256"]
+    assert status["data_order"].startswith(
+        f"new data order: the data differ from the checkpoint's (sha256 "
+        f"{old['content_sha256'][:12]} -> {new['content_sha256'][:12]})"
+    )
+    lines = history(target_root)
+    assert [line["data"]["content_sha256"] for line in lines[-2:]] == [
+        old["content_sha256"], new["content_sha256"]
+    ]  # fmt: skip
+    assert playbook("verify.yml").rc == 0
+
+    diff = playbook("diff.yml", dflash_diff_json=str(tmp_path / "diff.json"))
+    assert diff.rc == 0, diff.output
+    found = json.loads((tmp_path / "diff.json").read_text())["hosts"]["local"]
+    changes = {c["name"]: (c["from"], c["to"]) for c in found["changes"] if c["section"] == "data"}
+    assert changes["content_sha256"] == (old["content_sha256"], new["content_sha256"])
+    assert changes["lengths.p50"] == (40, 80)
+    assert changes["tokens"] == (8000, 16000)
+    assert "lengths.p50" in diff.output
