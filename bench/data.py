@@ -46,7 +46,7 @@ OLD_LOADER = "28a5e8c"
 HOLD = """
 import sys, time
 from pathlib import Path
-from dflash.data import BatchOrder
+from dflash.order import BatchOrder
 from dflash.store import TokenStore
 order = BatchOrder(TokenStore.open(Path(sys.argv[1])), 3072, 3072, 1, seed=0, max_len=3072)
 for _ in range(int(sys.argv[2])):

@@ -17,16 +17,10 @@ from pathlib import Path
 from torch.nn.parallel import DistributedDataParallel
 
 from dflash.cluster import Cluster
-from dflash.data import (
-    SELF_GENERATED,
-    BatchOrder,
-    ShardedOrder,
-    open_data,
-    sample_store,
-    self_generated,
-)
+from dflash.data import SELF_GENERATED, open_data, sample_store, self_generated
 from dflash.model import DrafterConfig
 from dflash.options import build_drafter, drafter_config, fixed_rows, gamma, token_budget
+from dflash.order import BatchOrder, ShardedOrder
 from dflash.pipeline import FeatureSource, LocalFeatureSource, RemoteFeatureSource
 from dflash.server import FeatureServer
 from dflash.step import DrafterStep, static_shapes

@@ -14,6 +14,7 @@ import hashlib
 import multiprocessing
 import os
 import shutil
+import socket
 import sys
 import time
 from collections import deque
@@ -141,13 +142,13 @@ class StoreWriter:
             )
         if out.exists() and not force:
             raise ConfigError(
-                f"--out '{out}' exists; pass --force to replace it (a trainer that maps it "
+                f"--out '{out}' exists; pass --force to replace it (a trainer that reads it "
                 "keeps reading the old files until it restarts)"
             )
         for stale in remove_stale_temps(out):
             say(f"prepare: removed {stale}, left by a prepare that did not finish")
         self.out = out
-        self.temp = out.parent / f".{out.name}{TEMP_MARK}{os.getpid()}"
+        self.temp = out.parent / f".{out.name}{TEMP_MARK}{socket.gethostname()}-{os.getpid()}"
         self.temp.mkdir()
         self.files = {name: (self.temp / file).open("wb") for name, (file, _) in ARRAYS.items()}
         self.hashes = {name: hashlib.sha256() for name in ARRAYS}
@@ -226,9 +227,11 @@ def _check_inputs(inputs: list[Path]) -> None:
 
 
 def remove_stale_temps(out: Path) -> list[Path]:
-    """Temp folders of earlier prepares of `out` whose process is gone (killed mid-way)."""
+    """Temp folders of earlier prepares of `out` on this host whose process is gone (killed
+    mid-way). The host is in the name: on a shared file system another host's pid means
+    nothing here, and its prepare may still run."""
     removed = []
-    for path in out.parent.glob(f".{out.name}{TEMP_MARK}*"):
+    for path in out.parent.glob(f".{out.name}{TEMP_MARK}{socket.gethostname()}-*"):
         pid = path.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
@@ -401,7 +404,7 @@ def cached_store(
     with _locked(cache_dir / f".{folder.name}.lock"):  # one process prepares, the others wait
         if (folder / MANIFEST).is_file():
             say(
-                f"data: {path} (sha256 {content[:12]}): its prepared copy {folder} is mapped "
+                f"data: {path} (sha256 {content[:12]}): its prepared copy {folder} is read "
                 f"(hashed in {time.monotonic() - started:.1f} s)"
             )
         else:
@@ -411,7 +414,7 @@ def cached_store(
                 raise ConfigError(f"--data {exc}") from None
             say(
                 f"data: {path} (sha256 {content[:12]}) prepared once into {folder} in "
-                f"{time.monotonic() - started:.1f} s; later starts map it"
+                f"{time.monotonic() - started:.1f} s; later starts read it"
             )
     return TokenStore.open(folder, verify=verify)
 

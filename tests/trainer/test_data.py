@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,8 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from dflash.data import BatchOrder, Sample, main, open_data, sample_store, self_generated
+from dflash.data import Sample, main, open_data, sample_store, self_generated
 from dflash.errors import ConfigError
+from dflash.order import BatchOrder
 from dflash.prepare import StoreWriter, load_in_memory, prepare
 from dflash.records import Settings
 from dflash.store import TokenStore
@@ -198,6 +200,18 @@ def test_a_killed_prepare_leaves_no_store_and_the_next_one_cleans_up(tmp_path):
     assert made["samples"] == TokenStore.open(out).num_samples > 19_000
 
 
+def test_a_prepare_on_another_host_of_a_shared_folder_is_left_alone(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", random_records(5, seed=6))
+    other = tmp_path / ".store.prepare-another-host-1"
+    dead = tmp_path / f".store.prepare-{socket.gethostname()}-999999999"
+    other.mkdir()
+    dead.mkdir()
+    said: list[str] = []
+    prepare([path], tmp_path / "store", Settings(64, 100, None), say=said.append)
+    assert other.is_dir() and not dead.exists()
+    assert f"prepare: removed {dead}, left by a prepare that did not finish" in said
+
+
 def test_a_parallel_prepare_writes_the_same_store_as_one_process(tmp_path, monkeypatch):
     monkeypatch.setattr("dflash.prepare.IN_PROCESS_BELOW", 0)
     monkeypatch.setattr("dflash.prepare.CHUNK_BYTES", 4096)
@@ -307,7 +321,7 @@ def test_a_jsonl_file_is_prepared_once_into_the_cache_then_mapped(tmp_path):
     assert any("prepared once into" in line for line in said)
     said.clear()
     second = open_data(str(path), None, 100, 64, said.append, cache_dir=cache)
-    assert any("its prepared copy" in line and "is mapped" in line for line in said)
+    assert any("its prepared copy" in line and "is read" in line for line in said)
     assert first.manifest["content_sha256"] == second.manifest["content_sha256"]
     assert [p.name for p in cache.iterdir() if not p.name.startswith(".")] == [second.path.name]
     with pytest.raises(ConfigError, match=r"token id 9[0-9] is outside the target's vocabulary"):
@@ -335,7 +349,7 @@ def test_self_generated_samples_are_the_targets_greedy_continuations(tiny_target
 MEASURE = """
 import resource, sys, time
 from pathlib import Path
-from dflash.data import BatchOrder
+from dflash.order import BatchOrder
 from dflash.store import TokenStore
 order = BatchOrder(TokenStore.open(Path(sys.argv[1])), 4096, 8, None, seed=0, max_len=4096)
 for _ in range(20):

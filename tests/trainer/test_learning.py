@@ -7,10 +7,11 @@ import statistics
 import pytest
 import torch
 
-from dflash.data import BatchOrder, ShardedOrder, random_prompts, sample_store, self_generated
+from dflash.data import random_prompts, sample_store, self_generated
 from dflash.eval import acceptance_length
 from dflash.model import DrafterConfig
 from dflash.options import build_drafter
+from dflash.order import BatchOrder, ShardedOrder
 from dflash.pipeline import LocalFeatureSource
 from dflash.step import DrafterStep
 from dflash.trainer import Trainer

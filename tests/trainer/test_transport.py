@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dflash.data import BatchOrder, Sample, ShardedOrder, sample_store
+from dflash.data import Sample, sample_store
+from dflash.order import BatchOrder, ShardedOrder
 from dflash.pipeline import RemoteFeatureSource
 from dflash.server import FeatureServer
 from dflash.transport import FeatureReceiver, WireShape
