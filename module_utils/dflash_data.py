@@ -171,9 +171,9 @@ def diff_fields(data: dict | None) -> dict[str, object]:
         flat[f"generated.{key}"] = value
     sources = data.get("sources") or []
     if sources:
+        # Short enough for diff.yml's 40-character columns: name, sha256 prefix, size.
         flat["sources"] = ", ".join(
-            f"{s.get('name')} ({s.get('size')} bytes, sha256 {str(s.get('sha256'))[:12]})"
-            for s in sources
+            f"{s.get('name')} {str(s.get('sha256'))[:8]} ({s.get('size')} B)" for s in sources
         )
     tokenizer = data.get("tokenizer") or {}
     if tokenizer:

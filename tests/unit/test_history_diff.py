@@ -111,7 +111,7 @@ def test_diff_shows_what_changed_in_the_data_and_previous_sees_a_data_only_chang
         ("data", "lengths.p50"): (800, 1600),
         ("data", "lengths.p90"): (1600, 3200),
         ("data", "lengths.p99"): (2400, 4800),
-        ("data", "sources"): ("a.jsonl (123 bytes, sha256 s1)", "a.jsonl (123 bytes, sha256 s2)"),
+        ("data", "sources"): ("a.jsonl s1 (123 B)", "a.jsonl s2 (123 B)"),
     }
     table = "\n".join(diff_lines(diff))
     assert "lengths.p50" in table and "sha-b" in table
