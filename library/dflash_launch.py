@@ -23,9 +23,11 @@ description:
   - With I(record), writes the healthy trainer's line to C(history.jsonl) itself, at once, so
     a run killed after this point loses nothing.
   - Idempotent. When the one running trainer already runs the current tree with the current
-    run.sh (which names the env and the cache) nothing is restarted unless I(restart). A
-    stopped (SIGSTOP) trainer is restarted. A matching trainer that history does not know (an
-    interrupted run started it) is adopted, meaning its health is checked and it is recorded.
+    run.sh (which names the env and the cache), trains, and its data still lie where it read
+    them, nothing is restarted unless I(restart); the rule is module_utils/dflash_plan.py's,
+    which deploy.yml's no-op decision asks too. A stopped (SIGSTOP) trainer is restarted. A
+    matching trainer that history does not know (an interrupted run started it) is adopted,
+    meaning its health is checked and it is recorded.
   - Stopping sends SIGCONT first (a stopped trainer cannot act on SIGTERM), and says how many
     steps past its last checkpoint a trainer killed after the timeout lost.
   - Long waits end when this run's deploy lock is lost (taken over, or its ansible-playbook
@@ -95,14 +97,19 @@ options:
   release:
     description:
       - The release this run makes current. Read in check mode only, where C(current) was not
-        switched; a run that changes the release would (re)start the trainer.
+        switched (default the current release).
     type: str
-  run_sh_changes:
+  tree_sha256:
     description:
-      - Whether this run rewrites run.sh. Read in check mode only, where run.sh was not
-        rewritten; a run that changes it would restart the trainer.
-    type: bool
-    default: false
+      - The code tree of I(release). Read in check mode only; the trainer is kept only when
+        it runs this tree (default the current release's).
+    type: str
+  run_sh_sha256:
+    description:
+      - The sha256 of the run.sh this run renders. Read in check mode only, where run.sh was
+        not rewritten; the trainer is kept only when it was started from it (default the
+        run.sh on disk).
+    type: str
   job:
     description:
       - This host's part of a training job over several hosts (C(name), C(hosts), C(nnodes),
@@ -176,7 +183,7 @@ import subprocess
 from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_data import changed_under, read_data
+from ansible.module_utils.dflash_data import read_data
 from ansible.module_utils.dflash_deploy_lock import LockError, Watchdog, fence
 from ansible.module_utils.dflash_health import (
     LaunchError,
@@ -184,15 +191,14 @@ from ansible.module_utils.dflash_health import (
     throughput_problem,
     wait_healthy,
 )
+from ansible.module_utils.dflash_plan import KEEP, trainer_plan
 from ansible.module_utils.dflash_procs import (
     ROOT_MARKER,
-    TRAINING_STATES,
     alive,
     find_trainers,
     jobs,
     stop_all,
     stop_summary,
-    stopped,
 )
 from ansible.module_utils.dflash_record import history_entry, record_once
 from ansible.module_utils.dflash_release import file_drift
@@ -215,35 +221,22 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def running_matches(
-    root: str, trainers: list[dict], tree: str, run_sh_sha: str | None
-) -> dict | None:
-    """The status of the one running trainer when it already runs what is deployed (one job:
-    torchrun's workers belong to the process run.sh became) and is not stopped."""
-    record = read_json(os.path.join(root, TRAINER_FILE))
-    if not record or jobs(trainers) != [record.get("pid")] or stopped(trainers):
-        return None
-    status = recorded_status(root)
-    if (
-        record.get("run_sh_sha256") == run_sh_sha
-        and status.get("code_tree_sha256") == tree
-        and status.get("state") in TRAINING_STATES
-        and data_change(status) is None
-    ):
-        return {"record": record, "status": status}
-    return None
-
-
 def recorded_status(root: str) -> dict:
     """The status.json of the trainer trainer.json names ({} without one)."""
     run_id = (read_json(os.path.join(root, TRAINER_FILE)) or {}).get("run_id")
     return (read_json(os.path.join(root, RUNS, run_id, "status.json")) or {}) if run_id else {}
 
 
-def data_change(status: dict) -> str | None:
-    """How the data at the path a trainer reported differ from what it read at start."""
+def plan_here(root: str, trainers: list[dict], tree: str | None, run_sh_sha: str | None,
+              restart: bool) -> dict:  # fmt: skip
+    """module_utils/dflash_plan.py's trainer decision, on what this target holds now."""
+    status = recorded_status(root)
     data = status.get("data") or {}
-    return changed_under(data, read_data(data.get("path")))
+    return trainer_plan(
+        read_json(os.path.join(root, TRAINER_FILE)), trainers, status,
+        read_data(data.get("path")) if data.get("path") else None,
+        tree_sha256=tree, run_sh_sha256=run_sh_sha, restart=restart,
+    )  # fmt: skip
 
 
 def write_json_atomic(path: str, data: dict) -> None:
@@ -342,12 +335,12 @@ def recorded(root: str, run_id: str) -> bool:
     )
 
 
-def adopt(module: AnsibleModule, dog: Watchdog, match: dict, manifest: dict, release: str,
+def adopt(module: AnsibleModule, dog: Watchdog, record: dict, manifest: dict, release: str,
           result: dict) -> dict:  # fmt: skip
-    """A trainer of the deployed code that history does not know: an interrupted run started
-    it. Its health is checked as the launch would have, then it is recorded."""
+    """A trainer of the deployed code that history does not know (`record`: its trainer.json):
+    an interrupted run started it. Its health is checked as the launch would have, then it is
+    recorded."""
     params, root = module.params, module.params["root"]
-    record = match["record"]
     run_id = record["run_id"]
     result.update(pid=record["pid"], run_id=run_id, changed=True, adopted=True)
     if module.check_mode:
@@ -373,84 +366,72 @@ def adopt(module: AnsibleModule, dog: Watchdog, match: dict, manifest: dict, rel
     return result
 
 
-def would_change(params: dict, current: str | None, trainers: list[dict]) -> str | None:
-    """Check mode: why the real run would (re)start the trainer although what is on disk
-    (not switched, not rewritten in check mode) still matches the running one."""
-    new = params["release"]
-    if new and new != current:
-        why = f"current changes: {current or 'none'} -> {new}"
-    elif params["run_sh_changes"]:
-        why = "run.sh changes"
-    else:
-        return None
-    verb = "restart" if trainers else "start"
-    return f"would {verb} the trainer of release {new or current} ({why})"
+def wanted(module: AnsibleModule, release: str | None) -> tuple[str | None, str | None, str | None]:
+    """The release, tree and run.sh hash the trainer is judged against. In check mode nothing
+    was switched or rewritten: what this run makes current, as the caller says it."""
+    params, root = module.params, module.params["root"]
+    manifest = read_manifest(os.path.join(root, RELEASES, release)) if release else None
+    on_disk = ((manifest or {}).get("tree_sha256"), read_run_script(root)["sha256"])
+    if not module.check_mode:
+        return release, *on_disk
+    return (
+        params["release"] or release,
+        params["tree_sha256"] or on_disk[0],
+        params["run_sh_sha256"] or on_disk[1],
+    )
 
 
 def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: dict) -> dict:
     params, root = module.params, module.params["root"]
-    release, _link = current_release(root)
-    if module.check_mode and (msg := would_change(params, release, trainers)):
+    current, _link = current_release(root)
+    release, tree, run_sh_sha = wanted(module, current)
+    plan = plan_here(root, trainers, tree, run_sh_sha, params["restart"])
+    why = "; ".join(plan["why"])
+    if module.check_mode and plan["action"] != KEEP:
         result.update(
             changed=True,
-            msg=msg,
-            would={"stop": jobs(trainers), "start": params["release"] or release},
+            msg=f"would {plan['action']} the trainer of release {release} ({why})",
+            would={"stop": jobs(trainers), "start": release},
         )
         return result
-    if release is None:
+    if current is None:
         raise LaunchError(f"{root}/current is missing or dangling; deploy first")
-    folder = os.path.join(root, RELEASES, release)
+    folder = os.path.join(root, RELEASES, current)
     manifest = read_manifest(folder) or {}
     drift = file_drift(folder, manifest)
-    result["checksums"] = dict(drift, files=len(manifest.get("files", {})), release=release)
+    result["checksums"] = dict(drift, files=len(manifest.get("files", {})), release=current)
     if any(drift.values()) and not params["force"]:
         raise LaunchError(
-            f"files of release {release} differ from its manifest (changed {drift['changed']}, "
+            f"files of release {current} differ from its manifest (changed {drift['changed']}, "
             f"missing {drift['missing']}, extra {drift['extra']}); deploy.yml puts the release "
             "back from its archive"
         )
     run_sh = os.path.join(root, "run.sh")
-    run_sh_sha = read_run_script(root)["sha256"]
     if run_sh_sha is None:
         raise LaunchError(f"{run_sh} is missing; the runscript step renders it")
-    tree = manifest["tree_sha256"]
-    match = None if params["restart"] else running_matches(root, trainers, tree, run_sh_sha)
-    if match:
-        record = match["record"]
+    if plan["action"] == KEEP:
+        record = read_json(os.path.join(root, TRAINER_FILE)) or {}
+        status = recorded_status(root)
         result.update(
-            pid=record["pid"], run_id=record["run_id"], status=match["status"],
-            tokens_per_s=match["status"].get("tokens_per_s"),
+            pid=record["pid"], run_id=record["run_id"], status=status,
+            tokens_per_s=status.get("tokens_per_s"),
         )  # fmt: skip
         if params["record"] is not None and not recorded(root, record["run_id"]):
-            return adopt(module, dog, match, manifest, release, result)
+            return adopt(module, dog, record, manifest, current, result)
         result["msg"] = f"already running (pid {record['pid']}), not restarted"
         return result
     result["changed"] = True
-    moved = data_change(recorded_status(root)) if trainers else None
-    why = (
-        "dflash_restart is set" if params["restart"]
-        else f"trainer {stopped(trainers)} is stopped (SIGSTOP)" if stopped(trainers)
-        else f"its data changed since it started: {moved}" if moved
-        else "no trainer runs this release and run.sh" if trainers
-        else "no trainer runs"
-    )  # fmt: skip
-    if module.check_mode:
-        result["would"] = {"stop": jobs(trainers), "start": release}
-        result["msg"] = (
-            f"would {'restart' if trainers else 'start'} the trainer of release {release} ({why})"
-        )
-        return result
     if params["token"]:
-        fence(root, params["token"], phase="launch", release=release)
+        fence(root, params["token"], phase="launch", release=current)
     result["stopped"] = stop_all(trainers, params["stop_timeout"], root)
     leftover = result["stopped"]["survivors"] + [t["pid"] for t in find_trainers(root)]
     if leftover:
         raise LaunchError(
             f"trainer processes {sorted(set(leftover))} survived SIGKILL; not starting"
         )
-    proc, run_id, log_path = start(root, release, run_sh)
+    proc, run_id, log_path = start(root, current, run_sh)
     write_json_atomic(os.path.join(root, TRAINER_FILE), {
-        "pid": proc.pid, "run_id": run_id, "release": release, "tree_sha256": tree,
+        "pid": proc.pid, "run_id": run_id, "release": current, "tree_sha256": tree,
         "run_sh_sha256": run_sh_sha, "started_at": utc_now(),
     })  # fmt: skip
     result.update(pid=proc.pid, run_id=run_id)
@@ -469,7 +450,7 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
         err.details.setdefault("run_id", run_id)
         raise
     result.update(status=status, tokens_per_s=tokens_per_s)
-    result["recorded"] = record_healthy(root, params, manifest, release, status, run_id)
+    result["recorded"] = record_healthy(root, params, manifest, current, status, run_id)
     stopped_text = stop_summary(result["stopped"])
     result["msg"] = (
         f"started trainer pid {proc.pid} (run {run_id}, {why}): healthy at step "
@@ -510,7 +491,8 @@ def main() -> None:
             "previous": {"type": "str"},
             "token": {"type": "str", "no_log": False},
             "release": {"type": "str"},
-            "run_sh_changes": {"type": "bool", "default": False},
+            "tree_sha256": {"type": "str"},
+            "run_sh_sha256": {"type": "str"},
             "job": {"type": "dict", "default": {}},
             "stopped_by": {"type": "str", "default": "stop.yml"},
         },

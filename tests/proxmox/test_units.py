@@ -60,7 +60,7 @@ CONFIG = load(
     "ansible.module_utils.dflash_proxmox_config", REPO / "module_utils/dflash_proxmox_config.py"
 )
 SNAPSHOT = load("dflash_proxmox_snapshot", REPO / "library/dflash_proxmox_snapshot.py")
-CHANGES = load("dflash_proxmox_filters", REPO / "filter_plugins/dflash_proxmox.py")
+CHANGES = load("dflash_plan_filters", REPO / "filter_plugins/dflash_plan.py")
 REDACT = load("dflash_redact_filters", REPO / "filter_plugins/dflash_redact.py")
 
 
@@ -255,26 +255,39 @@ def test_deploy_changes_names_what_a_deploy_changes_in_place() -> None:
         "run_sh": {"sha256": "abc"},
         "trainers": {
             "record": {"pid": 7, "release": "v1", "run_sh_sha256": "abc"},
-            "processes": [{"pid": 7, "job": 7, "status": {"state": "running"}}],
+            "processes": [
+                {"pid": 7, "job": 7, "status": {"state": "running", "code_tree_sha256": "t1"}}
+            ],
         },
     }
-    same = CHANGES.deploy_changes(state, "v1", "lock-1", run_sh)
+    # The trainer is kept only when it runs the tree and the run.sh this deploy makes.
+    same = CHANGES.deploy_changes(state, "v1", "lock-1", run_sh, "t1", "abc")
     assert same == []
-    assert CHANGES.deploy_changes(state, "v2", "lock-1", run_sh) == [
+    assert CHANGES.deploy_changes(state, "v2", "lock-1", run_sh, "t2", "abc") == [
         "release v2 is new on the target",
         "current: v1 -> v2",
-        "the trainer is (re)started",
+        "the trainer is restarted: the trainer's status.json names another code tree",
     ]
     changed = CHANGES.deploy_changes(
-        state, "v1", "lock-2", dict(run_sh, trainer_args={"a": 2}), env_changed=True
+        state, "v1", "lock-2", dict(run_sh, trainer_args={"a": 2}), "t1", "def", env_changed=True
     )
-    assert changed == ["env lock-2 built", "lock: lock-1 -> lock-2", "run.sh trainer_args changes"]
+    assert changed == [
+        "env lock-2 built",
+        "lock: lock-1 -> lock-2",
+        "run.sh trainer_args changes",
+        "the trainer is restarted: the trainer was started from another run.sh",
+    ]
     edited = dict(state, run_sh={"sha256": "hand"})
     assert "run.sh differs from the one deployed (it is rewritten)" in CHANGES.deploy_changes(
         edited, "v1", "lock-1", run_sh, launch=False
     )
-    assert CHANGES.deploy_changes(state, "v1", "lock-1", run_sh, restart=True) == [
-        "the trainer is (re)started"
+    assert CHANGES.deploy_changes(state, "v1", "lock-1", run_sh, "t1", "abc", restart=True) == [
+        "the trainer is restarted: dflash_restart is set"
+    ]
+    stopped = {"root": "/r", "deployment": state["deployment"], "releases": ["v1"],
+               "current": {"release": "v1"}, "run_sh": {"sha256": "abc"}}  # fmt: skip
+    assert CHANGES.deploy_changes(stopped, "v1", "lock-1", run_sh, "t1", "abc") == [
+        "the trainer is started: no trainer runs"
     ]
     fresh = CHANGES.deploy_changes({"root": "/r"}, "v1", "lock-1", run_sh, launch=False)
     assert fresh[0] == "first deployment to /r"

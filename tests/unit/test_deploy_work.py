@@ -1,12 +1,12 @@
-"""When a deploy is a no-op (filter_plugins/dflash_noop.py): one read of the target decides,
-and every difference from what the deploy would make names why the deploy's steps run."""
+"""When a deploy is a no-op (module_utils/dflash_plan.py deploy_work): one read of the target
+decides, and every difference from what the deploy would make names why the deploy's steps run."""
 
 from __future__ import annotations
 
 import copy
 
 import pytest
-from dflash_noop_filters import deploy_work
+from dflash_plan_filters import deploy_work
 
 RUN_SH = "s" * 64
 CACHE = "/opt/dflash/cache/c1"
@@ -90,7 +90,7 @@ def test_a_target_that_holds_and_runs_this_deploy_is_a_no_op():
         ("cache.path", "/opt/dflash/cache/c0", f"the compile cache folder {CACHE}"),
         ("releases", ["a", "b", "c", "d", "e", "v1"], "more releases than dflash_keep_releases"),
         ("trainers.processes.1.job", 12, "no trainer, or another one than the deployed, runs"),
-        ("trainers.processes.1.state", "T", "the trainer is stopped (SIGSTOP)"),
+        ("trainers.processes.1.state", "T", "the trainer (pid 11) is stopped (SIGSTOP)"),
         ("trainers.record.run_sh_sha256", "x", "the trainer was started from another run.sh"),
         ("trainers.processes.0.status.state", "failed", "the trainer's status is failed"),
         ("trainers.processes.0.status.code_tree_sha256", "t0", "names another code tree"),

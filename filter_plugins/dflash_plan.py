@@ -1,0 +1,18 @@
+# Controller-side filters of deploy.yml's decisions, from preflight's one read of the target:
+# why the deploy's steps run (an empty list: a no-op deploy, which skips them) and what it
+# changes in place (the snapshot step's reason to take one). The rules are
+# module_utils/dflash_plan.py's, which the launch module asks too.
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
+)
+from dflash_plan import deploy_changes, deploy_work
+
+
+class FilterModule:
+    def filters(self) -> dict:
+        return {"dflash_deploy_work": deploy_work, "dflash_deploy_changes": deploy_changes}
