@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 
 # The naming rules live with the modules' shared code; filters run on the controller.
 sys.path.insert(
@@ -12,6 +11,7 @@ sys.path.insert(
 )
 from dflash_data import changed_under, identity, recorded
 from dflash_deploy_lock import describe, holder_alive
+from dflash_findings import finding
 from dflash_layout import (
     LayoutError,
     data_flags,
@@ -23,10 +23,7 @@ from dflash_layout import (
 from dflash_lines import last_deployment
 from dflash_lock import lock_id, lock_problems
 from dflash_release import release_id_problem
-
-
-def finding(kind: str, expected: Any, found: Any, hint: str, **extra: Any) -> dict:
-    return {"kind": kind, "expected": expected, "found": found, "hint": hint, **extra}
+from dflash_states import ALIVE
 
 
 def lock_findings(facts: dict, stale_after: float) -> list[dict]:
@@ -157,9 +154,6 @@ def code_findings(facts: dict) -> list[dict]:
     return out
 
 
-RUNNING_STATES = ("starting", "warming", "running", "checkpointing")
-
-
 def trainer_findings(facts: dict, heartbeat_max_age: float) -> list[dict]:
     current = (facts.get("current") or {}).get("release")
     tree = ((facts.get("current") or {}).get("manifest") or {}).get("tree_sha256")
@@ -215,7 +209,7 @@ def trainer_findings(facts: dict, heartbeat_max_age: float) -> list[dict]:
             )
         age = next((p["heartbeat_age_s"] for p in group if p.get("heartbeat_age_s") is not None),
                    None)  # fmt: skip
-        if status.get("state") in RUNNING_STATES and age is not None and age > heartbeat_max_age:
+        if status.get("state") in ALIVE and age is not None and age > heartbeat_max_age:
             out.append(
                 finding(
                     "heartbeat_stale",

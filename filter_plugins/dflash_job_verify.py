@@ -12,7 +12,7 @@ sys.path.insert(
 )
 from dflash_job import job_members
 from dflash_lines import last_deployment
-from dflash_procs import TRAINING_STATES
+from dflash_states import TRAINING
 
 BROKEN = ("job_host", "job_trainer", "job_rendezvous", "job_world_size")
 
@@ -75,7 +75,7 @@ def _judge_job(name: str, members: list[str], report: dict, hostvars: Any) -> di
                 f"{redeploy}",
             ))  # fmt: skip
         live = view["live"]
-        if view["state"] not in TRAINING_STATES:
+        if view["state"] not in TRAINING:
             findings.append(_finding(
                 "job_trainer", host, "a trainer of the job", view["state"] or "no trainer",
                 f"one host's trainer stopping stops the job's training; {redeploy}",

@@ -12,16 +12,13 @@ sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
 )
 from dflash_data import length_shift
+from dflash_findings import finding
 from dflash_gpu import judge_facts
+from dflash_states import STEPPING
 
-RUNNING = ("running", "checkpointing")
 # The trainer's window (dflash/train.py Throughput) for status files that do not say it.
 DEFAULT_WINDOW = 20
 DIFF_FASTEST = "ansible-playbook diff.yml -e dflash_diff_from=fastest"
-
-
-def finding(kind: str, expected: Any, found: Any, hint: str, **extra: Any) -> dict:
-    return {"kind": kind, "expected": expected, "found": found, "hint": hint, **extra}
 
 
 def _speed(value: Any) -> str:
@@ -127,7 +124,7 @@ def throughput_view(facts: dict, min_ratio: float = 0.8, heartbeat_max_age: floa
         return dict(view, note="no trainer runs")
     leader, status = found
     tree = ((facts.get("current") or {}).get("manifest") or {}).get("tree_sha256")
-    if status.get("state") not in RUNNING:
+    if status.get("state") not in STEPPING:
         return dict(view, note=f"the trainer is {status.get('state') or 'without status.json'}")
     if status.get("code_tree_sha256") != tree:
         return dict(view, note="the trainer runs another release than current")

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 
 # The GPU judgement lives with the modules' shared code; filters run on the controller.
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
 )
+from dflash_findings import finding
 from dflash_gpu import judge_facts
-
-
-def finding(kind: str, expected: Any, found: Any, hint: str, **extra: Any) -> dict:
-    return {"kind": kind, "expected": expected, "found": found, "hint": hint, **extra}
 
 
 def _memory(used_mib: int | None) -> str:

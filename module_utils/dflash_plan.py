@@ -10,11 +10,13 @@ import os
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     from ansible.module_utils.dflash_data import changed_under
     from ansible.module_utils.dflash_lines import last_deployment
-    from ansible.module_utils.dflash_procs import TRAINING_STATES, stopped
+    from ansible.module_utils.dflash_procs import stopped
+    from ansible.module_utils.dflash_states import TRAINING
 except ImportError:  # in a controller filter, which puts module_utils/ on sys.path
     from dflash_data import changed_under
     from dflash_lines import last_deployment
-    from dflash_procs import TRAINING_STATES, stopped
+    from dflash_procs import stopped
+    from dflash_states import TRAINING
 
 KEEP, START, RESTART = "keep", "start", "restart"
 
@@ -49,7 +51,7 @@ def trainer_plan(
             why.append("the trainer was started from another run.sh")
         if status.get("code_tree_sha256") != tree_sha256:
             why.append("the trainer's status.json names another code tree")
-        if status.get("state") not in TRAINING_STATES:
+        if status.get("state") not in TRAINING:
             why.append(f"the trainer's status is {status.get('state') or 'unknown'}")
         moved = changed_under(status.get("data"), data_now)
         if moved:

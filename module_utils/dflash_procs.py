@@ -119,10 +119,6 @@ def _signal(info: dict, sig: int) -> None:
         pass
 
 
-# status.json states of a trainer that trains (the launch's "already running", verify's job).
-TRAINING_STATES = ("running", "checkpointing", "warming")
-
-
 def stopped(trainers: list[dict]) -> list[int]:
     """Pids of trainer processes that are stopped (SIGSTOP, a debugger): they train nothing."""
     return [info["pid"] for info in trainers if info.get("state") in ("T", "t")]
