@@ -36,7 +36,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from dflash.prepare import StoreWriter  # noqa: E402
+from dflash.store_writer import StoreWriter  # noqa: E402
 
 VOCAB = 151936
 SHORTEST, LONGEST = 200, 3072

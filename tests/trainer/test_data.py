@@ -18,9 +18,10 @@ import torch
 from dflash.data import Sample, main, open_data, sample_store, self_generated
 from dflash.errors import ConfigError
 from dflash.order import BatchOrder
-from dflash.prepare import StoreWriter, load_in_memory, prepare
+from dflash.prepare import load_in_memory, prepare
 from dflash.records import Settings
 from dflash.store import TokenStore
+from dflash.store_writer import StoreWriter
 
 REPO = Path(__file__).resolve().parents[2]
 

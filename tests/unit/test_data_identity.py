@@ -21,7 +21,7 @@ from ansible.module_utils.dflash_data import (
 from dflash_filters import data_findings, dflash_run_spec
 from test_deploy_work import STATE, work
 
-from dflash.prepare import StoreWriter
+from dflash.store_writer import StoreWriter
 
 
 def make_store(folder: Path, seed: int = 0, samples: int = 20) -> dict:
