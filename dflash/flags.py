@@ -6,13 +6,20 @@ release it deploys before anything changes on a target:
     python -m dflash.flags check train --max-steps 100 --seed 3
 
 exits 0, or 2 naming each bad flag (an unknown name with the closest known one, a value of the
-wrong type).
+wrong type), and
+
+    python -m dflash.flags describe train
+
+prints the flags as JSON (name, flag, type, default, help, and which ones shape a training
+step or are set by the launcher): the one description of the trainer's flags that the toolkit
+reads (the warm-up's flags, the throughput shape's defaults, the flags run.sh sets itself).
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import math
 import os
 import sys
@@ -24,6 +31,15 @@ from typing import Any
 DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
 CPU_TOKEN_BUDGET = 512  # keeps a CPU step of the tiny preset well under a second
+
+# What one training step computes: two runs with the same values (and GPU layout) train the
+# same workload, so their tokens/s compare (--token-budget's default depends on the device).
+WORKLOAD = ("target_model", "max_seq_len", "token_budget", "num_anchors", "block_size",
+            "drafter_layers")  # fmt: skip
+# What the compiled drafter step depends on: the warm-up compiles it with these.
+COMPILED = (*WORKLOAD, "num_target_layers", "gamma", "compile_drafter")
+# Set by whoever launches the trainer, for every run: its GPUs and where its files go.
+LAUNCHER = ("target_gpus", "drafter_gpus", "checkpoint_dir", "status_file", "run_id")
 
 
 def _number(kind: type, low: float, strict: bool) -> Callable[[str], Any]:
@@ -302,16 +318,39 @@ def check(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     return problems
 
 
+def describe(parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """Every flag of `parser` as data: {dest: {flag, type, default, help, workload, compiled,
+    launcher}}, and the device-dependent default of --token-budget."""
+    flags = {}
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        kind = "bool" if action.nargs == 0 else getattr(action.type, "__name__", "str")
+        flags[action.dest] = {
+            "flag": action.option_strings[0],
+            "type": kind,
+            # A launcher's flags default to values of one process (a run id with its pid).
+            "default": None if action.dest in LAUNCHER else action.default,
+            "help": None if action.help == argparse.SUPPRESS else action.help,
+            "workload": action.dest in WORKLOAD,
+            "compiled": action.dest in COMPILED,
+            "launcher": action.dest in LAUNCHER,
+        }
+    return {"flags": flags, "token_budget": {"cpu": CPU_TOKEN_BUDGET, "gpu": "max_seq_len"}}
+
+
 PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {"train": train_parser}
+USAGE = f"usage: python -m dflash.flags {{check,describe}} {{{','.join(PARSERS)}}} [FLAGS...]"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) < 2 or argv[0] != "check" or argv[1] not in PARSERS:
-        print(
-            f"usage: python -m dflash.flags check {{{','.join(PARSERS)}}} FLAGS...", file=sys.stderr
-        )
+    if len(argv) < 2 or argv[0] not in ("check", "describe") or argv[1] not in PARSERS:
+        print(USAGE, file=sys.stderr)
         return 2
+    if argv[0] == "describe":
+        print(json.dumps(describe(PARSERS[argv[1]]()), indent=2))
+        return 0
     problems = check(PARSERS[argv[1]](), argv[2:])
     for problem in problems:
         print(problem, file=sys.stderr)

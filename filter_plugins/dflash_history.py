@@ -10,7 +10,7 @@ from typing import Any
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
 )
-from dflash_throughput import gate_baseline
+from dflash_throughput import gate_baseline, shape_of
 
 
 def _short(value: Any, width: int = 12) -> str:
@@ -141,4 +141,5 @@ class FilterModule:
             "dflash_diff_lines": diff_lines,
             "dflash_restore_target": restore_target,
             "dflash_gate_baseline": gate_baseline,
+            "dflash_step_shape": shape_of,
         }

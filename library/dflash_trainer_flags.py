@@ -13,6 +13,9 @@ description:
     the controller's own packages; it needs only the standard library, no torch.
   - Names every unknown flag (with the closest known one) and every value of the wrong type,
     as the trainer itself would refuse them at start.
+  - Also returns the release's own description of its flags (C(python -m dflash.flags describe
+    train)), which the toolkit reads instead of keeping a copy - the flags that shape a training
+    step, their defaults, the flags a launcher sets.
   - A release older than C(dflash/flags.py) cannot be checked; the result says so.
 options:
   archive:
@@ -49,8 +52,16 @@ problems:
   type: list
   elements: str
   returned: always
+schema:
+  description:
+    - The release's flags (C(flags) by name - C(flag), C(type), C(default), C(help),
+      C(workload), C(compiled), C(launcher) - and C(token_budget), its defaults by device);
+      null for a release that cannot describe them.
+  type: dict
+  returned: always
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -66,7 +77,7 @@ def check(archive: str, argv: list[str]) -> dict:
     with tarfile.open(archive) as tar:
         names = set(tar.getnames())
         if not set(NEEDED) <= names:
-            return {"checked": False, "problems": []}
+            return {"checked": False, "problems": [], "schema": None}
         with tempfile.TemporaryDirectory(prefix="dflash-flags-") as folder:
             os.mkdir(os.path.join(folder, "dflash"))
             for name in NEEDED:
@@ -74,17 +85,24 @@ def check(archive: str, argv: list[str]) -> dict:
                 assert member is not None
                 with open(os.path.join(folder, name), "wb") as handle:
                     handle.write(member.read())
-            # -E -s: none of the controller's PYTHON* variables or user site packages.
-            proc = subprocess.run(
-                [sys.executable, "-E", "-s", "-B", "-m", "dflash.flags", "check", "train", *argv],
-                cwd=folder, capture_output=True, text=True, timeout=60, check=False,
-            )  # fmt: skip
+            proc = _flags(folder, "check", "train", *argv)
+            # A release from before `describe` answers with its usage (exit 2): no schema.
+            described = _flags(folder, "describe", "train")
     if proc.returncode not in (0, 2):
         raise RuntimeError(
             f"the release's dflash.flags ({archive}) exited {proc.returncode} before it could judge"
             f" the flags, so this release's package does not even import: {proc.stderr[-1000:]}"
         )
-    return {"checked": True, "problems": proc.stderr.strip().splitlines()}
+    schema = json.loads(described.stdout) if described.returncode == 0 else None
+    return {"checked": True, "problems": proc.stderr.strip().splitlines(), "schema": schema}
+
+
+def _flags(folder: str, *args: str) -> subprocess.CompletedProcess:
+    # -E -s: none of the controller's PYTHON* variables or user site packages.
+    return subprocess.run(
+        [sys.executable, "-E", "-s", "-B", "-m", "dflash.flags", *args],
+        cwd=folder, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
 
 
 def main() -> None:
@@ -98,7 +116,7 @@ def main() -> None:
     argv = [str(word) for group in module.params["flags"] for word in group]
     try:
         module.exit_json(changed=False, **check(module.params["archive"], argv))
-    except (OSError, tarfile.TarError, RuntimeError, subprocess.SubprocessError) as err:
+    except (OSError, ValueError, tarfile.TarError, RuntimeError, subprocess.SubprocessError) as err:
         module.fail_json(
             msg=f"cannot check the trainer flags: {err}\nNothing was changed on the target; fix"
             " the release and deploy it again."

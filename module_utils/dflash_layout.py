@@ -6,7 +6,9 @@ import re
 
 _FLAG_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Set by the toolkit itself in run.sh; inventory data may not override them.
+# Set by the toolkit itself in run.sh; inventory data may not override them. They are the
+# trainer's launcher flags (dflash/flags.py LAUNCHER, which tests/unit/test_history_shape.py
+# holds this to): refused here, before the release's own description of its flags is read.
 RESERVED_FLAGS = {"target_gpus", "drafter_gpus", "checkpoint_dir", "status_file", "run_id"}
 # Named by their own inventory variable, which preflight checks on the target.
 DATA_FLAGS = {

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import statistics
 
-# The trainer's defaults (dflash/options.py) of the flags that fix what one step computes;
-# tests/unit/test_history_shape.py holds them against the trainer's parser.
+# For history lines written before deployments recorded their shape: the trainer's defaults of
+# the flags that fixed what one step computes (a deploy now records the shape it computed from
+# the release's own description of its flags, `python -m dflash.flags describe`, so a new flag
+# needs no edit here); tests/unit/test_history_shape.py holds them against the trainer.
 SHAPE_DEFAULTS: dict[str, object] = {
     "target_model": "tiny",
     "max_seq_len": 3072,
@@ -45,22 +47,39 @@ def _nnodes(torchrun_args: list) -> str:
     return "1"
 
 
-def shape_of(entry: dict) -> dict | None:
+def workload_defaults(schema: dict | None) -> tuple[dict[str, object], int]:
+    """The defaults of the flags that fix what one step computes, and --token-budget's on the
+    CPU, from a release's description of its flags (dflash/flags.py describe); the table
+    above for a release that cannot describe them."""
+    if not schema:
+        return SHAPE_DEFAULTS, CPU_TOKEN_BUDGET
+    flags = schema.get("flags") or {}
+    defaults = {name: flag.get("default") for name, flag in flags.items()
+                if flag.get("workload") and name != "token_budget"}  # fmt: skip
+    return defaults, int((schema.get("token_budget") or {}).get("cpu") or CPU_TOKEN_BUDGET)
+
+
+def shape_of(entry: dict, schema: dict | None = None) -> dict | None:
     """What one training step of a deployment computes, and where: GPU mode and lists, nodes,
-    target model, tokens per step, sequence length, block size, anchors and drafter depth,
-    from its recorded run.sh values, with the trainer's defaults for the flags left out.
-    Two deployments of the same shape should train at the same tokens/s; anything else that
-    differs (code, env, other flags) is what diff.yml shows. None without run.sh values."""
+    and the workload flags (target model, tokens per step, sequence length, block size,
+    anchors, drafter depth) with the trainer's defaults for those left out. A line that
+    recorded its shape (`shape`) is taken at its word; else it is computed from the run.sh
+    values and `schema`'s defaults (dflash/flags.py describe). Two deployments of the same
+    shape should train at the same tokens/s; anything else that differs (code, env, other
+    flags) is what diff.yml shows. None without run.sh values."""
+    if entry.get("shape"):
+        return entry["shape"]
     run_sh = entry.get("run_sh") or {}
     layout = run_sh.get("layout")
     if not layout:
         return None
     args = {str(key): _flag_value(value) for key, value in
             (run_sh.get("trainer_args") or {}).items() if value not in (None, False)}  # fmt: skip
-    shape = {key: args.get(key, default) for key, default in SHAPE_DEFAULTS.items()}
+    defaults, cpu_budget = workload_defaults(schema)
+    shape = {key: args.get(key, default) for key, default in defaults.items()}
     on_gpu = layout.get("mode") != "cpu"
     shape["token_budget"] = args.get("token_budget") or (
-        shape["max_seq_len"] if on_gpu else CPU_TOKEN_BUDGET
+        shape.get("max_seq_len") if on_gpu else cpu_budget
     )
     shape.update(
         mode=layout.get("mode"),

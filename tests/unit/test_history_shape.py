@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from ansible.module_utils.dflash_history import select
+from ansible.module_utils.dflash_layout import RESERVED_FLAGS
 from ansible.module_utils.dflash_throughput import (
     CPU_TOKEN_BUDGET,
     SHAPE_DEFAULTS,
@@ -75,6 +76,42 @@ def test_shape_defaults_are_the_trainers():
     assert {key: defaults[key] for key in SHAPE_DEFAULTS} == SHAPE_DEFAULTS
     assert defaults["token_budget"] is None  # filled in by mode, as the trainer does
     assert flags.CPU_TOKEN_BUDGET == CPU_TOKEN_BUDGET
+
+
+def test_the_release_describes_its_workload_and_a_recorded_shape_is_taken_as_it_is():
+    """A deploy computes the shape with the defaults the release describes (dflash/flags.py
+    describe); for today's trainer that is the table older lines are read with."""
+    schema = flags.describe(flags.train_parser())
+    for entry in (line("v1", 1.0), line("v1", 1.0, layout=CPU), line("v1", 1.0, max_seq_len=9)):
+        assert shape_of(entry, schema) == shape_of(entry)
+    # A release with a new workload flag: its default joins the shape, with no edit here.
+    grown = {**schema, "flags": {**schema["flags"], "experts": {"default": 8, "workload": True}}}
+    assert shape_of(line("v1", 1.0), grown)["experts"] == 8
+    recorded = dict(line("v1", 1.0), shape={"experts": 8})
+    assert shape_of(recorded) == {"experts": 8}
+    assert comparable([dict(recorded, release="v0")], recorded) == [dict(recorded, release="v0")]
+
+
+def test_the_flags_description_is_the_parsers():
+    described = flags.describe(flags.train_parser())["flags"]
+    parsed = vars(flags.train_parser().parse_args([]))
+    assert set(described) == set(parsed)
+    assert {n for n, f in described.items() if f["workload"]} == set(flags.WORKLOAD)
+    assert described["compile_drafter"]["type"] == "bool"
+    assert described["max_seq_len"] == {
+        "flag": "--max-seq-len", "type": "int", "default": 3072,
+        "help": described["max_seq_len"]["help"], "workload": True, "compiled": True,
+        "launcher": False,
+    }  # fmt: skip
+    assert described["run_id"]["default"] is None and described["run_id"]["launcher"]
+    # run.sh sets the launcher's flags itself, so the inventory may not (module_utils/
+    # dflash_layout.py refuses them in preflight, before the release's flags are read).
+    assert {n for n, f in described.items() if f["launcher"]} == RESERVED_FLAGS
+    # The warm-up compiles with the flags the train schema marks as compiled (and its GPUs).
+    from dflash.warmup import build_parser
+
+    warmup = {a.dest for a in build_parser()._actions if a.option_strings and a.dest != "help"}
+    assert warmup == {n for n, f in described.items() if f["compiled"]} | {"drafter_gpus"}
 
 
 def test_comparable_deployments_ignore_another_layout_or_shape():
