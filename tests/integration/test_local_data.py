@@ -83,9 +83,10 @@ def test_data_from_jsonl_to_a_store_prepared_again_under_the_trainer(
     third = deploy("v1", dflash_trainer_args=ARGS, dflash_data=str(store))
     assert third.rc == 0, third.output
     flat = " ".join(third.output.split())
-    # The deploy's reason (YAML output doubles the quote), then the launch's.
-    assert "trainer''s data changed since it started: the store at" in flat
-    assert "(run " in flat and "its data changed since it started: the store at" in flat
+    # The deploy's reason, then the launch's (the same rule: module_utils/dflash_plan.py); YAML
+    # output doubles the quote.
+    assert "- 'the trainer''s data changed since it started: the store at" in flat
+    assert "-v1, the trainer''s data changed since it started: the store at" in flat
     status = status_of(target_root)
     assert status["data"]["content_sha256"] == new["content_sha256"]
     assert status["data_order"].startswith(
