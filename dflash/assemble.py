@@ -1,4 +1,4 @@
-"""What a rank runs, built from the flags: a target server, or a trainer with its feature source.
+"""What a rank runs, from its TrainConfig: a target server, or a trainer and its feature source.
 
 One process: the target runs beside the drafter (CPU, or one GPU). Colocated ranks do the same
 on their GPU, each on its own data shard, the drafter data-parallel. Split mode: target ranks
@@ -8,17 +8,15 @@ stream from their target rank and never load the target's weights.
 
 from __future__ import annotations
 
-import argparse
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from torch.nn.parallel import DistributedDataParallel
 
 from dflash.cluster import Cluster
+from dflash.config import TrainConfig
 from dflash.data import SELF_GENERATED, open_data, sample_store, self_generated
-from dflash.model import DrafterConfig
 from dflash.options import build_drafter, drafter_config, fixed_rows, gamma, token_budget
 from dflash.order import BatchOrder, ShardedOrder
 from dflash.pipeline import FeatureSource, LocalFeatureSource, RemoteFeatureSource
@@ -39,125 +37,127 @@ class StepShape:
     budget: int  # padded tokens per batch
 
 
-def step_shape(args: argparse.Namespace, cluster: Cluster) -> StepShape:
+def step_shape(config: TrainConfig, cluster: Cluster) -> StepShape:
     """Static on a GPU, with --compile-drafter, and whenever features travel between ranks."""
     on_gpu = cluster.me.device.type == "cuda"
-    static = static_shapes(cluster.me.device, args.compile_drafter) or args.cpu_ranks
-    rows = fixed_rows(args, on_gpu) if static else None
-    return StepShape(static, rows, token_budget(args, on_gpu))
+    static = static_shapes(cluster.me.device, config.compile_drafter) or config.cpu_ranks
+    rows = fixed_rows(config, on_gpu) if static else None
+    return StepShape(static, rows, token_budget(config, on_gpu))
 
 
-def training_data(args: argparse.Namespace, target: Target, log: Log) -> TokenStore:
+def training_data(config: TrainConfig, target: Target, log: Log) -> TokenStore:
     """--data (a store folder or a JSONL file), else the target's own continuations."""
-    if args.data:
-        tokenizer = args.tokenizer or (None if args.target_model == TINY else args.target_model)
+    if config.data:
+        tokenizer = config.tokenizer or (
+            None if config.target_model == TINY else config.target_model
+        )
         return open_data(
-            args.data, tokenizer, target.config.vocab_size, args.max_seq_len, log,
-            cache_dir=Path(args.data_cache) if args.data_cache else None,
-            verify=args.verify_data,
+            config.data, tokenizer, target.config.vocab_size, config.max_seq_len, log,
+            cache_dir=config.data_cache,
+            verify=config.verify_data,
         )  # fmt: skip
     samples = self_generated(
         target,
-        args.gen_samples,
-        args.gen_prompt_len,
-        args.gen_new_tokens,
-        args.seed,
+        config.gen_samples,
+        config.gen_prompt_len,
+        config.gen_new_tokens,
+        config.seed,
         "train",
-        max_len=args.max_seq_len,
+        max_len=config.max_seq_len,
     )
     generated = {
-        "target_model": args.target_model,
-        "samples": args.gen_samples,
-        "prompt_len": args.gen_prompt_len,
-        "new_tokens": args.gen_new_tokens,
-        "seed": args.seed,
+        "target_model": config.target_model,
+        "samples": config.gen_samples,
+        "prompt_len": config.gen_prompt_len,
+        "new_tokens": config.gen_new_tokens,
+        "seed": config.seed,
     }
     data = sample_store(
         samples,
         generated=generated,
-        settings={"max_seq_len": args.max_seq_len, "vocab_size": target.config.vocab_size},
+        settings={"max_seq_len": config.max_seq_len, "vocab_size": target.config.vocab_size},
     )
     data.kind = SELF_GENERATED
     return data
 
 
 def target_and_data(
-    args: argparse.Namespace, cluster: Cluster, shape: StepShape, log: Log
+    config: TrainConfig, cluster: Cluster, shape: StepShape, log: Log
 ) -> tuple[Target, ShardedOrder]:
     """The frozen target on this rank's device and the global data order (same on all ranks:
     every target rank reads or generates the same samples from --seed)."""
     target = load_target(
-        args.target_model,
+        config.target_model,
         cluster.me.device,
-        args.num_target_layers,
-        args.mask_token_id,
-        random_init=args.target_random_init,
+        config.num_target_layers,
+        config.mask_token_id,
+        random_init=config.target_random_init,
     )
     log(
-        f"target {args.target_model}: {target.config.num_hidden_layers} layers, hidden "
+        f"target {config.target_model}: {target.config.num_hidden_layers} layers, hidden "
         f"{target.config.hidden_size}, features from layers {target.layer_ids}, "
         f"mask id {target.mask_token_id}"
     )
-    data = training_data(args, target, log)
+    data = training_data(config, target, log)
     order = BatchOrder(
         data,
         shape.budget,
-        pad_to=args.max_seq_len if shape.rows else 8,
+        pad_to=config.max_seq_len if shape.rows else 8,
         fixed_rows=shape.rows,
-        seed=args.seed,
-        max_len=args.max_seq_len,
+        seed=config.seed,
+        max_len=config.max_seq_len,
     )
     lengths = data.manifest["lengths"]
     log(
         f"data: {order.num_samples} samples ({data.manifest['tokens']:,} tokens, lengths p50 "
         f"{lengths['p50']} p99 {lengths['p99']} max {lengths['max']}) from "
-        f"{args.data or 'the target (self-generated)'}, sha256 {order.data_sha256[:12]}"
+        f"{config.data or 'the target (self-generated)'}, sha256 {order.data_sha256[:12]}"
     )
     return target, ShardedOrder(order, cluster.num_drafters)
 
 
-def build_server(args: argparse.Namespace, cluster: Cluster, log: Log) -> FeatureServer:
+def build_server(config: TrainConfig, cluster: Cluster, log: Log) -> FeatureServer:
     """A target rank of split mode: load, hand the frozen weights to the drafters it serves."""
-    shape = step_shape(args, cluster)
-    target, order = target_and_data(args, cluster, shape, log)
+    shape = step_shape(config, cluster)
+    target, order = target_and_data(config, cluster, shape, log)
     drafters = cluster.layout.served_by(cluster.rank)
     frozen = {"embed": target.embed_weight(), "lm_head": target.lm_head_weight()}
     for rank in drafters:
         send_frozen(frozen, target.mask_token_id, order.data, rank, cluster.control)
     shards = [cluster.layout.shard(rank) for rank in drafters]
-    return FeatureServer(target, order, drafters, shards, args.prefetch, cluster.control)
+    return FeatureServer(target, order, drafters, shards, config.prefetch, cluster.control)
 
 
-def build_trainer(
-    args: argparse.Namespace, cluster: Cluster, log: Log
-) -> tuple[Trainer, DrafterConfig]:
+def build_trainer(config: TrainConfig, cluster: Cluster, log: Log) -> Trainer:
     """A drafter rank: its feature source, the drafter (data-parallel over drafter ranks) and
     the optimizer."""
     device = cluster.me.device
-    shape = step_shape(args, cluster)
+    shape = step_shape(config, cluster)
     source: FeatureSource
     if cluster.me.target:
-        target, order = target_and_data(args, cluster, shape, log)
+        target, order = target_and_data(config, cluster, shape, log)
         target_config, mask_token_id = target.config, target.mask_token_id
         embed, lm_head = target.embed_weight(), target.lm_head_weight()
         source = LocalFeatureSource(target, order, cluster.layout.shard(cluster.rank), device)
     else:
-        target_config = load_target_config(args.target_model)
+        target_config = load_target_config(config.target_model)
         src = cluster.layout.source[cluster.rank]
         frozen, mask_token_id, data = recv_frozen(src, device, cluster.control)
         embed, lm_head = frozen["embed"], frozen["lm_head"]
         assert shape.rows is not None  # split mode is static
         wire = WireShape(
             shape.rows,
-            args.max_seq_len,
-            args.num_target_layers * target_config.hidden_size,
+            config.max_seq_len,
+            config.num_target_layers * target_config.hidden_size,
             embed.dtype,
         )
         source = RemoteFeatureSource(
-            lambda: FeatureReceiver(src, wire, device, args.prefetch, cluster.control), device, data
+            lambda: FeatureReceiver(src, wire, device, config.prefetch, cluster.control),
+            device,
+            data,
         )
-    cfg = drafter_config(args, target_config, mask_token_id)
-    drafter = build_drafter(cfg, embed, lm_head, device, args.seed)
+    cfg = drafter_config(config, target_config, mask_token_id)
+    drafter = build_drafter(cfg, embed, lm_head, device, config.seed)
     module = None
     if cluster.num_drafters > 1:
         with warnings.catch_warnings():
@@ -174,14 +174,14 @@ def build_trainer(
     trainable = sum(p.numel() for p in drafter.parameters())
     log(
         f"drafter: {cfg.num_layers} layers, {trainable / 1e6:.2f}M trainable parameters, "
-        f"block {cfg.block_size}, {args.num_anchors} anchors, token budget {shape.budget}, "
-        f"compile {args.compile_drafter}, {cluster.num_drafters} drafter rank(s)"
+        f"block {cfg.block_size}, {config.num_anchors} anchors, token budget {shape.budget}, "
+        f"compile {config.compile_drafter}, {cluster.num_drafters} drafter rank(s)"
     )
     step_fn = DrafterStep(
         drafter,
-        gamma(args),
-        args.num_anchors,
-        compile=args.compile_drafter,
+        gamma(config),
+        config.num_anchors,
+        compile=config.compile_drafter,
         static=shape.static,
         module=module,
         ranks=cluster.num_drafters,
@@ -191,10 +191,10 @@ def build_trainer(
         drafter,
         source,
         step_fn,
-        lr=args.lr,
-        max_steps=args.max_steps,
-        warmup_ratio=args.warmup_ratio,
-        grad_clip=args.grad_clip,
-        seed=args.seed,
+        lr=config.lr,
+        max_steps=config.max_steps,
+        warmup_ratio=config.warmup_ratio,
+        grad_clip=config.grad_clip,
+        seed=config.seed,
     )
-    return trainer, cfg
+    return trainer

@@ -119,11 +119,11 @@ def _eos_ids(config: Any) -> set[int]:
     return set(eos) if isinstance(eos, list) else {eos}
 
 
-def _vocab_size(args: argparse.Namespace) -> int | None:
-    if args.vocab_size is not None:
-        return int(args.vocab_size)
-    if args.target_model is not None:
-        return int(load_target_config(args.target_model).vocab_size)
+def _vocab_size(vocab_size: int | None, target_model: str | None) -> int | None:
+    if vocab_size is not None:
+        return vocab_size
+    if target_model is not None:
+        return int(load_target_config(target_model).vocab_size)
     return None
 
 
@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"--max-seq-len {args.max_seq_len} / --workers {args.workers}: the longest "
                 "sample needs 2 or more tokens and the workers 1 or more"
             )
-        settings = Settings(args.max_seq_len, _vocab_size(args), args.tokenizer)
+        vocab_size = _vocab_size(args.vocab_size, args.target_model)
+        settings = Settings(args.max_seq_len, vocab_size, args.tokenizer)
         prepare(args.inputs, args.out, settings, workers=args.workers, force=args.force)
         return 0
     except ConfigError as exc:

@@ -155,25 +155,30 @@ def stop_token_list(text: str) -> frozenset[int]:
         ) from None
 
 
-def heldout_prompts(args: argparse.Namespace, target: Target) -> list[list[int]]:
-    """Prompts: the part before the loss mask of each held-out sample."""
-    if not args.data:
-        prompts = random_prompts(
-            target, args.num_samples, args.gen_prompt_len, args.seed, "heldout"
-        )
+def heldout_prompts(
+    target: Target,
+    data: str | None,
+    tokenizer: str | None,
+    num_samples: int,
+    prompt_len: int,
+    seed: int,
+) -> list[list[int]]:
+    """Prompts: the part before the loss mask of each held-out sample (`data`, else random
+    prompts of `prompt_len` tokens from the held-out stream of `seed`)."""
+    if not data:
+        prompts = random_prompts(target, num_samples, prompt_len, seed, "heldout")
         return prompts.tolist()
-    tokenizer = args.tokenizer or (None if args.target_model == TINY else args.target_model)
-    path = Path(args.data)
+    path = Path(data)
     settings = Settings(
         max_seq_len=1 << 30, vocab_size=target.config.vocab_size, tokenizer=tokenizer
     )
-    data = TokenStore.open(path) if path.is_dir() else load_in_memory(path, settings)
+    store = TokenStore.open(path) if path.is_dir() else load_in_memory(path, settings)
     prompts = []
-    for index in range(min(args.num_samples, data.num_samples)):
-        ids, mask = data.sample(index)
+    for index in range(min(num_samples, store.num_samples)):
+        ids, mask = store.sample(index)
         prompts.append(ids[: int(np.argmax(mask))].tolist())
     if not all(prompts):
-        raise ConfigError(f"--data '{args.data}': every sample needs a prompt before its loss mask")
+        raise ConfigError(f"--data '{data}': every sample needs a prompt before its loss mask")
     return prompts
 
 
@@ -225,9 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_checkpoint(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
-    """A training checkpoint's payload, or the same fields from a drafter folder."""
-    where = Path(args.checkpoint or args.checkpoint_dir)
+def load_checkpoint(path: str | None, checkpoint_dir: str) -> tuple[Path, dict[str, Any]]:
+    """A training checkpoint's payload, or the same fields from a drafter folder: `path`
+    (--checkpoint), else the newest complete checkpoint in `checkpoint_dir`."""
+    where = Path(path or checkpoint_dir)
     if is_drafter_folder(where):
         public = read_folder(where)
         origin = public.provenance or {}
@@ -245,33 +251,33 @@ def load_checkpoint(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
             raise ConfigError(f"--checkpoint '{where}': cannot be read ({exc})") from exc
     found = checkpoint.load_latest(where, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
     if found is None:
-        flag = "--checkpoint" if args.checkpoint else "--checkpoint-dir"
+        flag = "--checkpoint" if path else "--checkpoint-dir"
         raise ConfigError(f"{flag} '{where}': no complete checkpoint there")
     return found
 
 
 def load_drafter(
-    args: argparse.Namespace, device: torch.device
-) -> tuple[Path, dict[str, Any], Target, Drafter]:
-    """The drafter to measure and the target it drafts for (checked to fit each other)."""
-    path, payload = load_checkpoint(args)
+    path: Path, payload: dict[str, Any], target_model: str | None, device: torch.device
+) -> tuple[Target, Drafter]:
+    """The drafter to measure and the target it drafts for (`target_model`, else the one the
+    checkpoint names), checked to fit each other."""
     cfg = DrafterConfig(**payload["drafter_config"])
-    args.target_model = args.target_model or payload["target_model"]
-    if not args.target_model:
+    target_model = target_model or payload["target_model"]
+    if not target_model:
         raise ConfigError(f"--checkpoint '{path}' does not name its target; pass --target-model")
-    target = load_target(args.target_model, device, cfg.num_features, cfg.mask_token_id)
+    target = load_target(target_model, device, cfg.num_features, cfg.mask_token_id)
     public = payload.get("public")
-    problems = target_problems(public, target.config, args.target_model) if public else []
+    problems = target_problems(public, target.config, target_model) if public else []
     if (target.config.hidden_size, target.config.vocab_size) != (cfg.hidden_size, cfg.vocab_size):
         problems.append(
-            f"--target-model '{args.target_model}': hidden/vocab size differ from the "
+            f"--target-model '{target_model}': hidden/vocab size differ from the "
             f"drafter's ({cfg.hidden_size}/{cfg.vocab_size})"
         )
     if problems:
         raise ConfigError("; ".join(dict.fromkeys(problems)))
     drafter = build_drafter(cfg, target.embed_weight(), target.lm_head_weight(), device, 0)
     drafter.load_state_dict(payload["drafter"])
-    return path, payload, target, drafter
+    return target, drafter
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,12 +287,15 @@ def main(argv: list[str] | None = None) -> int:
         if len(gpus) > 1:
             raise ConfigError(f"--gpu '{args.gpu}': eval runs on one GPU")
         require_gpus("--gpu", args.gpu, gpus)
-        path, payload, target, drafter = load_drafter(args, device_of(gpus))
-        tokenizer = args.tokenizer or (None if args.target_model == TINY else args.target_model)
+        path, payload = load_checkpoint(args.checkpoint, args.checkpoint_dir)
+        target, drafter = load_drafter(path, payload, args.target_model, device_of(gpus))
+        tokenizer = args.tokenizer or (None if target.name == TINY else target.name)
         stops = args.stop_token_ids
         if stops is None:
             stops = default_stop_tokens(target, tokenizer)
-        prompts = heldout_prompts(args, target)
+        prompts = heldout_prompts(
+            target, args.data, tokenizer, args.num_samples, args.gen_prompt_len, args.seed
+        )
         result = acceptance_length(target, drafter, prompts, args.max_new_tokens, stops)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -296,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             "checkpoint": str(path),
             "step": payload["step"],
             "block_size": drafter.cfg.block_size,
-            "target_model": args.target_model,
+            "target_model": target.name,
             "max_new_tokens": args.max_new_tokens,
             "stop_token_ids": sorted(stops),
         }

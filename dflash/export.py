@@ -195,37 +195,50 @@ def write_folder(
     return {**sums, CHECKSUMS: sha256_file(out / CHECKSUMS)}
 
 
-def existing_export(out: Path, args: argparse.Namespace, payload: dict[str, Any]) -> dict[str, str]:
+def existing_export(
+    out: Path, payload: dict[str, Any], dtype: str, out_root: str | None
+) -> dict[str, str]:
     """The files of a complete export of this very checkpoint already at `out` (--out-root
     leaves it as it is); anything else in the way is refused."""
-    if not args.out_root:
+    if not out_root:
         raise ConfigError(f"--out '{out}' exists and is not empty; remove it or pick another")
     files = read_checksums(out)
     origin = json.loads((out / PROVENANCE).read_text()) if files else {}
     found = (origin.get("step"), origin.get("dtype"), origin.get("trained_by", {}).get("run_id"))
-    if files is None or found != (payload["step"], args.dtype, payload.get("run_id")):
+    if files is None or found != (payload["step"], dtype, payload.get("run_id")):
         raise ConfigError(
-            f"--out-root: '{out}' holds something else than a complete {args.dtype} export "
+            f"--out-root: '{out}' holds something else than a complete {dtype} export "
             "of this checkpoint; remove it, or export to another --out"
         )
     return files
 
 
-def destination(args: argparse.Namespace, release: str, step: int) -> tuple[Path, str]:
-    if args.out:
-        out = Path(args.out)
-        return out, out.name
+def destination(out: str | None, out_root: str | None, release: str, step: int) -> tuple[Path, str]:
+    if out:
+        return Path(out), Path(out).name
     if not _RELEASE.match(release):
         raise ConfigError(f"the checkpoint's release {release!r} cannot name a folder; use --out")
     name = f"{release}-step{step}"
-    return Path(args.out_root) / name, name
+    assert out_root is not None  # argparse requires --out or --out-root
+    return Path(out_root) / name, name
 
 
-def export(args: argparse.Namespace) -> dict[str, Any]:
-    path, payload = load_checkpoint(Path(args.checkpoint), args.step)
+def export(
+    source: Path,
+    *,
+    step: int | None,
+    out: str | None,
+    out_root: str | None,
+    target_model: str | None,
+    dtype: str,
+    dry_run: bool,
+) -> dict[str, Any]:
+    """Export `source` (a checkpoint file, or a folder's newest or `step`) to `out`, or under
+    `out_root`; `dry_run` checks everything and writes nothing. The rest as the flags say."""
+    path, payload = load_checkpoint(source, step)
     where = f"--checkpoint '{path}'"
     cfg = drafter_config_of(payload.get("drafter_config") or {}, where)
-    target_name = args.target_model or payload.get("target_model")
+    target_name = target_model or payload.get("target_model")
     if not target_name:
         raise ConfigError(f"{where} does not name its target; pass --target-model")
     target_config = load_target_config(target_name)
@@ -239,31 +252,39 @@ def export(args: argparse.Namespace) -> dict[str, Any]:
     problems = tensor_problems(state, cfg)
     if problems:
         raise ConfigError(f"{where}: its weights do not fit its config: {'; '.join(problems)}")
-    step = int(payload["step"])
-    out, name = destination(args, str(payload.get("release")), step)
-    summary: dict[str, Any] = {"out": str(out), "name": name, "step": step}
+    saved_step = int(payload["step"])
+    folder, name = destination(out, out_root, str(payload.get("release")), saved_step)
+    summary: dict[str, Any] = {"out": str(folder), "name": name, "step": saved_step}
     summary["release"] = payload.get("release")
     summary["trained_by"] = {key: payload.get(key) for key in ("run_id", "code_tree_sha256")}
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        return {**summary, "changed": False, "files": existing_export(out, args, payload)}
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        files = existing_export(folder, payload, dtype, out_root)
+        return {**summary, "changed": False, "files": files}
     # --out-root is made when missing, inside a folder that exists.
-    must_exist = out.parent.parent if args.out_root else out.parent
+    must_exist = folder.parent.parent if out_root else folder.parent
     if not must_exist.is_dir():
         raise ConfigError(f"'{must_exist}' is not a folder; create it first")
-    if args.dry_run:
+    if dry_run:
         return {**summary, "changed": True, "files": None}
-    out.parent.mkdir(exist_ok=True)
-    dtype = DTYPES[args.dtype]
-    tensors = {key: value.to(dtype).contiguous() for key, value in state.items()}
-    config = config_json(cfg, target_config, args.dtype)
-    files = write_folder(out, config, tensors, provenance(path, payload, args.dtype))
+    folder.parent.mkdir(exist_ok=True)
+    tensors = {key: value.to(DTYPES[dtype]).contiguous() for key, value in state.items()}
+    config = config_json(cfg, target_config, dtype)
+    files = write_folder(folder, config, tensors, provenance(path, payload, dtype))
     return {**summary, "changed": True, "files": files}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        summary = export(args)
+        summary = export(
+            Path(args.checkpoint),
+            step=args.step,
+            out=args.out,
+            out_root=args.out_root,
+            target_model=args.target_model,
+            dtype=args.dtype,
+            dry_run=args.dry_run,
+        )
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,58 +1,56 @@
-"""What the command-line flags (dflash.flags) resolve to: token budget, rows, gamma, the drafter."""
+"""What the step's flags (config.StepConfig) resolve to: token budget, rows, gamma, drafter."""
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import torch
 
+from dflash.config import StepConfig
 from dflash.errors import ConfigError
 from dflash.flags import CPU_TOKEN_BUDGET, DEFAULT_GAMMA
 from dflash.model import Drafter, DrafterConfig
 
 
-def token_budget(args: argparse.Namespace, on_gpu: bool) -> int:
-    return args.token_budget or (args.max_seq_len if on_gpu else CPU_TOKEN_BUDGET)
+def token_budget(config: StepConfig, on_gpu: bool) -> int:
+    return config.token_budget or (config.max_seq_len if on_gpu else CPU_TOKEN_BUDGET)
 
 
-def fixed_rows(args: argparse.Namespace, on_gpu: bool) -> int:
+def fixed_rows(config: StepConfig, on_gpu: bool) -> int:
     """Rows per step when shapes are static (GPU, --compile-drafter): budget // max length."""
-    rows = token_budget(args, on_gpu) // args.max_seq_len
+    rows = token_budget(config, on_gpu) // config.max_seq_len
     if rows < 1:
         raise ConfigError(
-            f"--token-budget {token_budget(args, on_gpu)}: with static shapes (a GPU or "
-            f"--compile-drafter) every row is padded to --max-seq-len {args.max_seq_len}; "
+            f"--token-budget {token_budget(config, on_gpu)}: with static shapes (a GPU or "
+            f"--compile-drafter) every row is padded to --max-seq-len {config.max_seq_len}; "
             "give a budget of at least that"
         )
     return rows
 
 
-def gamma(args: argparse.Namespace) -> float:
-    if args.gamma is not None:
-        return args.gamma
-    if args.block_size not in DEFAULT_GAMMA:
+def gamma(config: StepConfig) -> float:
+    if config.gamma is not None:
+        return config.gamma
+    if config.block_size not in DEFAULT_GAMMA:
         known = ", ".join(str(b) for b in DEFAULT_GAMMA)
         raise ConfigError(
-            f"--block-size {args.block_size}: no default gamma for this size (known: {known}); "
+            f"--block-size {config.block_size}: no default gamma for this size (known: {known}); "
             "pass --gamma"
         )
-    return DEFAULT_GAMMA[args.block_size]
+    return DEFAULT_GAMMA[config.block_size]
 
 
-def drafter_config(
-    args: argparse.Namespace, target_config: Any, mask_token_id: int
-) -> DrafterConfig:
+def drafter_config(config: StepConfig, target_config: Any, mask_token_id: int) -> DrafterConfig:
     try:
         return DrafterConfig.from_target(
             target_config,
-            args.drafter_layers,
-            args.num_target_layers,
-            args.block_size,
+            config.drafter_layers,
+            config.num_target_layers,
+            config.block_size,
             mask_token_id,
         )
     except ValueError as exc:
-        raise ConfigError(f"--target-model '{args.target_model}': {exc}") from exc
+        raise ConfigError(f"--target-model '{config.target_model}': {exc}") from exc
 
 
 # Which flag sets each drafter setting; the rest follows the target (--target-model).

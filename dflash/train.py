@@ -10,7 +10,6 @@ drafter rank writes status.json, checkpoints and the step lines of the log.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import signal
@@ -20,25 +19,18 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import torch
-
-from dflash import checkpoint
 from dflash.assemble import build_server, build_trainer
 from dflash.cluster import Cluster, job_fields, torchrun_rank
+from dflash.config import TrainConfig
 from dflash.errors import ConfigError
 from dflash.flags import train_parser
-from dflash.model import DrafterConfig
-from dflash.options import drafter_differences
-from dflash.provenance import code_tree_sha256, header_lines, release_name
-from dflash.public_format import PublicDrafter, is_drafter_folder, read_folder, target_problems
+from dflash.provenance import code_tree_sha256, header_lines
+from dflash.resume import resume, resume_order, save_checkpoint
 from dflash.stages import StageWindow, stage_text
 from dflash.status import StatusFile, utc_now
-from dflash.target import load_target_config
 from dflash.topology import Layout, plan_layout, resolve_roles
-from dflash.trainer import Trainer
 
 
 def log(message: str) -> None:
@@ -55,154 +47,27 @@ def rank_log(cluster: Cluster) -> Callable[[str], None]:
     return lambda message: None
 
 
-def resume_plan(folder: Path, cfg: DrafterConfig) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The lead's look at the checkpoint folder: where every rank starts (the checkpoint's path
-    and data order), and the checkpoint itself."""
-    found = checkpoint.load_latest(folder, warn=lambda message: log(f"warning: {message}"))
-    if found is None:
-        log(f"no checkpoint in {folder}: starting at step 0")
-        return {"path": None, "data": None}, {}
-    path, payload = found
-    saved, now = payload["drafter_config"], cfg.as_dict()
-    if saved != now:
-        diff = "; ".join(
-            f"{key} {saved.get(key)!r} there, {value!r} now"
-            for key, value in now.items()
-            if saved.get(key) != value
-        )
-        raise ConfigError(
-            f"--checkpoint-dir '{folder}': {path.name} is for another drafter ({diff}); "
-            "use another --checkpoint-dir or the same settings"
-        )
-    return {"path": str(path), "data": payload["data"]}, payload
+def describe(layout: Layout) -> str:
+    """`2 (0: target cuda:0, 1: drafter cuda:1)` for the log header."""
+    roles = []
+    for r in layout.ranks:
+        role = "target+drafter" if r.target and r.drafter else "target" if r.target else "drafter"
+        roles.append(f"{r.rank}: {role} {r.device}")
+    return f"{layout.world_size} ({', '.join(roles)})"
 
 
-def init_plan(folder: Path, cfg: DrafterConfig, target_model: str) -> PublicDrafter:
-    """--init-from's drafter, refused unless it is the drafter these flags build."""
-    if not is_drafter_folder(folder):
-        raise ConfigError(f"--init-from '{folder}': not a folder holding a DFlash config.json")
-    drafter = read_folder(folder)
-    problems = target_problems(drafter, load_target_config(target_model), target_model)
-    problems += drafter_differences(drafter.cfg, cfg)
-    if problems:
-        raise ConfigError(f"--init-from '{folder}': {'; '.join(problems)}")
-    return drafter
+class StopRequest:
+    """SIGTERM/SIGINT set a flag that the loop reads between steps: a step is never cut."""
 
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reason = ""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._handle)
 
-def checkpoint_holder(cluster: Cluster, folder: Path) -> int:
-    """The rank that plans the start: the lead, or in a job over several nodes the reporting
-    rank of the node with the newest checkpoint (torchrun's c10d rendezvous numbers the nodes
-    itself, so the lead that saved the last checkpoint may be on another node now)."""
-    layout = cluster.layout
-    if layout.nnodes == 1:
-        return layout.lead
-    steps = cluster.gather(checkpoint.newest_step(folder) if layout.reports(cluster.rank) else None)
-    found = [(step, -rank) for rank, step in enumerate(steps) if step is not None]
-    return -max(found)[1] if found else layout.lead
-
-
-def shared_plan(
-    cluster: Cluster, holder: int, plan: Callable[[], dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    """The holder's `plan()` on every rank; a refusal there stops every rank with its message."""
-    mine: dict[str, Any] | None = None
-    if plan is not None and cluster.rank == holder:
-        try:
-            mine = plan()
-        except ConfigError as exc:
-            mine = {"error": str(exc)}
-    shared = cluster.share(mine, src=holder)
-    if "error" in shared:
-        raise ConfigError(shared["error"])
-    return shared
-
-
-def resume(
-    trainer: Trainer,
-    cfg: DrafterConfig,
-    cluster: Cluster,
-    args: argparse.Namespace,
-    status: StatusFile,
-) -> int:
-    """Every drafter rank loads the lead's newest complete checkpoint; returns its step."""
-    lead = cluster.rank == cluster.layout.lead
-    loaded: dict[str, Any] = {}
-
-    def plan() -> dict[str, Any]:
-        where, payload = resume_plan(Path(args.checkpoint_dir), cfg)
-        loaded.update(payload)
-        if args.init_from and where["path"] is not None:
-            log(f"--init-from {args.init_from} not used: resuming from {where['path']}")
-        elif args.init_from:
-            loaded["init"] = init_plan(Path(args.init_from), cfg, args.target_model)
-            where["init_from"] = args.init_from
-        return where
-
-    holder = checkpoint_holder(cluster, Path(args.checkpoint_dir))
-    where = shared_plan(cluster, holder, plan)
-    if where["path"] is None:
-        if where.get("init_from"):
-            initial = loaded.get("init") or read_folder(Path(where["init_from"]))
-            trainer.drafter.load_state_dict(initial.state)
-            if lead:
-                log(f"initialised the drafter from {where['init_from']}")
-        return 0
-    path = Path(where["path"])
-    if cluster.layout.nnodes > 1:  # the other nodes do not have the holder's checkpoint folder
-        payload = cluster.share_drafters(loaded or None, src=holder)
-    else:
-        payload = loaded or torch.load(path, map_location="cpu", weights_only=True)
-    if trainer.load_state_dict(payload["step"], payload):
-        status.update(data_order="resumed")
-    else:
-        note = data_order_note(payload.get("data") or {}, trainer.source.data)
-        status.update(data_order=note)
-        if lead:
-            log(f"warning: {note}")
-    # resumed_from_step: a deploy's health check counts the steps of this run from there.
-    status.update(
-        step=trainer.step,
-        resumed_from_step=trainer.step,
-        checkpoint={"path": str(path), "step": trainer.step},
-    )
-    if lead:
-        log(f"resumed from {path} at step {trainer.step}")
-    return trainer.step
-
-
-def data_order_note(saved: dict[str, Any], data: dict[str, Any]) -> str:
-    """Why a resumed run starts a new data order (it keeps the weights)."""
-    before = str(saved.get("data_sha256") or "unknown")[:12]
-    now = str(data.get("content_sha256"))[:12]
-    if before != now:
-        why = f"the data differ from the checkpoint's (sha256 {before} -> {now})"
-    else:
-        counts = f"{saved.get('num_samples')} -> {data.get('samples_in_order')}"
-        why = f"the samples the order takes at this --max-seq-len differ ({counts})"
-    return f"new data order: {why}; the weights are resumed, the order starts at epoch 0"
-
-
-def save_checkpoint(
-    trainer: Trainer,
-    folder: Path,
-    cfg: DrafterConfig,
-    args: argparse.Namespace,
-    status: StatusFile,
-    state_after: str,
-) -> None:
-    status.write(state="checkpointing")
-    extra: dict[str, Any] = {
-        "drafter_config": cfg.as_dict(),
-        "target_model": args.target_model,
-        "run_id": args.run_id,
-        "release": release_name(),
-        "code_tree_sha256": code_tree_sha256(),
-        "training_data": {**trainer.source.data, "seed": args.seed},
-    }
-    path = checkpoint.save(folder, trainer.step, {**trainer.state_dict(), **extra})
-    checkpoint.prune(folder, args.keep_checkpoints)
-    status.write(state=state_after, checkpoint={"path": str(path), "step": trainer.step})
-    log(f"checkpoint {path}")
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.reason = self.reason or f"{signal.Signals(signum).name} received"
+        self.event.set()
 
 
 class Throughput:
@@ -236,18 +101,22 @@ class Throughput:
         return {"steps": len(self.steps), "size": self.steps.maxlen}
 
 
-def train(args: argparse.Namespace, cluster: Cluster, status: StatusFile, stop: StopRequest) -> int:
-    """A drafter rank (the only rank of a one-process run)."""
+def train(config: TrainConfig, cluster: Cluster, status: StatusFile, stop: StopRequest) -> int:
+    """A drafter rank (the only rank of a one-process run): set-up, resume, loop, shutdown."""
     lead = cluster.rank == cluster.layout.lead
-    status.write(state="warming")  # loading, generating data, compiling: until the first step
-    trainer, cfg = build_trainer(args, cluster, rank_log(cluster))
+    # Set-up: loading, generating data, compiling; "warming" until the first optimizer step.
+    status.write(state="warming")
+    trainer = build_trainer(config, cluster, rank_log(cluster))
     status.update(data=trainer.source.data)
-    folder = Path(args.checkpoint_dir)
-    saved_step = resume(trainer, cfg, cluster, args, status)
-    throughput = Throughput(args.throughput_window)
-    stages = StageWindow(args.throughput_window)
+
+    # Resume: the newest complete checkpoint (of any node), else --init-from, else step 0.
+    saved_step = resume(trainer, config, cluster, status, log)
+
+    # Loop: the drafter ranks agree before every step whether to go on, so all stop together.
+    throughput = Throughput(config.throughput_window)
+    stages = StageWindow(config.throughput_window)
     while True:
-        done = cluster.agree_to_stop(stop.event.is_set() or trainer.step >= args.max_steps)
+        done = cluster.agree_to_stop(stop.event.is_set() or trainer.step >= config.max_steps)
         trainer.source.credit(not done)
         if done:
             break
@@ -269,92 +138,73 @@ def train(args: argparse.Namespace, cluster: Cluster, status: StatusFile, stop: 
             status.write(state="running")  # only now: a real optimizer step is done
         if not lead:
             continue
-        if result.step % args.log_every == 0 or throughput.count == 1:
+        if result.step % config.log_every == 0 or throughput.count == 1:
             log(
                 f"step {result.step} loss {loss:.4f} tokens/s {tokens_per_s:.0f} "
                 f"lr {result.lr:.3e} step_s {throughput.last_step_s:.3f} | {stage_text(means)}"
             )
-        if result.step % args.checkpoint_every == 0:
-            save_checkpoint(trainer, folder, cfg, args, status, "running")
+        if result.step % config.checkpoint_every == 0:
+            save_checkpoint(trainer, config, status, "running", log)
             saved_step = trainer.step
-        if args.sleep_per_step:
-            stop.event.wait(args.sleep_per_step)
+        if config.sleep_per_step:
+            stop.event.wait(config.sleep_per_step)
+
+    # Shutdown: the lead saves the last step (unless that was just done) and says why it stopped.
     trainer.source.close()
     if not lead:
         status.write(state="stopped")  # another node's status.json; the lead checkpoints
         return 0
     reason = stop.reason or (
-        f"--max-steps {args.max_steps} reached"
-        if trainer.step >= args.max_steps
+        f"--max-steps {config.max_steps} reached"
+        if trainer.step >= config.max_steps
         else "another rank was asked to stop"
     )
     if trainer.step != saved_step:
-        save_checkpoint(trainer, folder, cfg, args, status, "stopped")
+        save_checkpoint(trainer, config, status, "stopped", log)
     else:
         status.write(state="stopped")
     log(f"stopped at step {trainer.step}: {reason}")
     return 0
 
 
-def serve(args: argparse.Namespace, cluster: Cluster) -> int:
+def serve(config: TrainConfig, cluster: Cluster) -> int:
     """A target rank of split mode: features for its drafter ranks until they stop."""
     say = rank_log(cluster)
-    server = build_server(args, cluster, say)
-    # The holder decides where to start; target ranks follow.
-    plan = shared_plan(cluster, checkpoint_holder(cluster, Path(args.checkpoint_dir)))
-    if plan["data"] is not None and not server.order.load_state_dict(plan["data"]):
-        say(f"warning: {data_order_note(plan['data'], server.order.data)}")
+    server = build_server(config, cluster, say)
+    resume_order(server.order, config.checkpoint_dir, cluster, say)
     steps = server.run()
     say(f"served {steps} steps to drafter ranks {server.drafters}")
     return 0
 
 
-def describe(layout: Layout) -> str:
-    """`2 (0: target cuda:0, 1: drafter cuda:1)` for the log header."""
-    roles = []
-    for r in layout.ranks:
-        role = "target+drafter" if r.target and r.drafter else "target" if r.target else "drafter"
-        roles.append(f"{r.rank}: {role} {r.device}")
-    return f"{layout.world_size} ({', '.join(roles)})"
-
-
-class StopRequest:
-    """SIGTERM/SIGINT set a flag that the loop reads between steps: a step is never cut."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.reason = ""
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._handle)
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        self.reason = self.reason or f"{signal.Signals(signum).name} received"
-        self.event.set()
-
-
 def main(argv: list[str] | None = None) -> int:
     code_tree_sha256()  # hash the code first: that is the code this process holds
-    args = train_parser().parse_args(argv)
+    config = TrainConfig.from_args(train_parser().parse_args(argv))
     rank, world_size = torchrun_rank()
     # Until the layout names the reporters, each node's first process reports (a bad flag
     # fails every rank alike).
     first_on_node = int(os.environ.get("LOCAL_RANK", "0")) == 0
     status = StatusFile(
-        Path(args.status_file), args.run_id, args.status_interval, enabled=first_on_node
+        config.status_file, config.run_id, config.status_interval, enabled=first_on_node
     )
     stop = StopRequest()
     try:
-        roles = resolve_roles(args.target_gpus, args.drafter_gpus, check_gpus=not args.cpu_ranks)
-        layout = plan_layout(roles, world_size, on_cpu=args.cpu_ranks)
+        roles = resolve_roles(
+            config.target_gpus, config.drafter_gpus, check_gpus=not config.cpu_ranks
+        )
+        layout = plan_layout(roles, world_size, on_cpu=config.cpu_ranks)
         status.enabled = layout.reports(rank)
         status.write(state="starting", gpus=roles.as_dict(), job=job_fields(layout, rank))
         status.start_heartbeat()
         if status.enabled:  # every node's train.log says what runs there
             extra = {"mode": roles.mode, "ranks": describe(layout)}
-            for line in header_lines(args.run_id, roles.as_dict(), extra):
+            for line in header_lines(config.run_id, roles.as_dict(), extra):
                 log(line)
-        cluster = Cluster(layout, rank, args.dist_timeout)
-        code = train(args, cluster, status, stop) if cluster.me.drafter else serve(args, cluster)
+        cluster = Cluster(layout, rank, config.dist_timeout)
+        if cluster.me.drafter:
+            code = train(config, cluster, status, stop)
+        else:
+            code = serve(config, cluster)
         cluster.close()
         return code
     except ConfigError as exc:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from dflash.config import StepConfig
 from dflash.errors import ConfigError
 from dflash.flags import add_drafter_args, add_shape_args, positive_int
 from dflash.options import build_drafter, drafter_config, fixed_rows, gamma
@@ -52,20 +53,20 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def warm(device: torch.device, args: argparse.Namespace, target_config: Any) -> dict[str, Any]:
+def warm(device: torch.device, config: StepConfig, target_config: Any) -> dict[str, Any]:
     """Run the compiled drafter step twice: the first compiles, the second shows the warm time."""
     on_gpu = device.type == "cuda"
     if on_gpu:
         torch.cuda.set_device(device)
     dtype = torch.bfloat16 if on_gpu else torch.float32  # the target's dtype in training
-    cfg = drafter_config(args, target_config, mask_token_id=0)  # ids do not change the graph
+    cfg = drafter_config(config, target_config, mask_token_id=0)  # ids do not change the graph
     vocab, hidden = cfg.vocab_size, cfg.hidden_size
     embed = torch.randn(vocab, hidden, dtype=dtype, device=device)
     tied = getattr(target_config, "tie_word_embeddings", False)
     lm_head = embed if tied else torch.randn(vocab, hidden, dtype=dtype, device=device)
     drafter = build_drafter(cfg, embed, lm_head, device, seed=0)
-    step = DrafterStep(drafter, gamma(args), args.num_anchors, compile=args.compile_drafter)
-    rows, seq_len = fixed_rows(args, on_gpu), args.max_seq_len
+    step = DrafterStep(drafter, gamma(config), config.num_anchors, compile=config.compile_drafter)
+    rows, seq_len = fixed_rows(config, on_gpu), config.max_seq_len
     batch = FeatureBatch(
         input_ids=torch.randint(0, vocab, (rows, seq_len), device=device),
         loss_mask=torch.ones(rows, seq_len, dtype=torch.bool, device=device),
@@ -87,18 +88,19 @@ def warm(device: torch.device, args: argparse.Namespace, target_config: Any) -> 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    config = StepConfig.from_args(args)
     try:
         gpus = parse_gpu_list("--drafter-gpus", args.drafter_gpus)
         require_gpus("--drafter-gpus", args.drafter_gpus, gpus)
-        if not gpus and not args.compile_drafter:
+        if not gpus and not config.compile_drafter:
             raise ConfigError(
                 "--drafter-gpus '': on the CPU only --compile-drafter compiles anything; "
                 "pass it, or name the GPUs to warm"
             )
-        target_config = load_target_config(args.target_model)
+        target_config = load_target_config(config.target_model)
         devices = [torch.device(f"cuda:{i}") for i in gpus] or [torch.device("cpu")]
         for device in devices:  # strictly one after the other
-            print(json.dumps(warm(device, args, target_config)), flush=True)
+            print(json.dumps(warm(device, config, target_config)), flush=True)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -15,18 +15,19 @@ import torch.distributed as dist
 
 from dflash.assemble import build_trainer
 from dflash.cluster import Cluster, torchrun_rank
+from dflash.config import TrainConfig
 from dflash.flags import train_parser as build_parser
 from dflash.pipeline import FeatureBatch
 from dflash.topology import plan_layout, resolve_roles
 
 
 def main(out: str, argv: list[str]) -> None:
-    args = build_parser().parse_args(argv)
+    config = TrainConfig.from_args(build_parser().parse_args(argv))
     rank, world_size = torchrun_rank()
-    roles = resolve_roles(args.target_gpus, args.drafter_gpus, check_gpus=not args.cpu_ranks)
-    layout = plan_layout(roles, world_size, on_cpu=args.cpu_ranks)
-    cluster = Cluster(layout, rank, args.dist_timeout)
-    trainer, _cfg = build_trainer(args, cluster, lambda message: None)
+    roles = resolve_roles(config.target_gpus, config.drafter_gpus, check_gpus=not config.cpu_ranks)
+    layout = plan_layout(roles, world_size, on_cpu=config.cpu_ranks)
+    cluster = Cluster(layout, rank, config.dist_timeout)
+    trainer = build_trainer(config, cluster, lambda message: None)
     taken: list[FeatureBatch] = []
     source_next = trainer.source.next
 

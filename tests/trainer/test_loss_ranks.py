@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dflash.config import TrainConfig
 from dflash.flags import train_parser
 from dflash.options import build_drafter, drafter_config, gamma
 from dflash.pipeline import FeatureBatch
@@ -50,14 +51,16 @@ def write_data(path: Path) -> list[int]:
     return [sum(m) for m in masks]
 
 
-def one_rank(args, batches: list[dict], per_rank: bool) -> tuple[float, dict[str, torch.Tensor]]:
+def one_rank(
+    config: TrainConfig, batches: list[dict], per_rank: bool
+) -> tuple[float, dict[str, torch.Tensor]]:
     """The loss and gradients of one process on the union of the batches (per_rank: the mean
     over batches of each one's own normalised loss, what DDP gave before the global loss)."""
-    device = torch.device("cpu" if args.cpu_ranks else "cuda:0")
-    target = load_target(args.target_model, device, args.num_target_layers, None)
-    cfg = drafter_config(args, target.config, target.mask_token_id)
+    device = torch.device("cpu" if config.cpu_ranks else "cuda:0")
+    target = load_target(config.target_model, device, config.num_target_layers, None)
+    cfg = drafter_config(config, target.config, target.mask_token_id)
     drafter = build_drafter(cfg, target.embed_weight(), target.lm_head_weight(), target.device, 0)
-    step = DrafterStep(drafter, gamma(args), args.num_anchors, compile=False, static=True)
+    step = DrafterStep(drafter, gamma(config), config.num_anchors, compile=False, static=True)
 
     def feature_batch(parts: list[dict]) -> FeatureBatch:
         ids = torch.cat([p["input_ids"] for p in parts]).to(device)
@@ -100,13 +103,13 @@ def test_two_drafter_ranks_with_unequal_tokens_train_like_one_rank_on_both(tmp_p
     # Each rank had one of the two samples: deliberately unequal supervised tokens.
     assert sorted(int(b["loss_mask"].sum()) for b in batches) == sorted(supervised) == [6, 56]
 
-    args = train_parser().parse_args(flags)
-    loss, grads = one_rank(args, batches, per_rank=False)
-    _, per_rank = one_rank(args, batches, per_rank=True)
+    config = TrainConfig.from_args(train_parser().parse_args(flags))
+    loss, grads = one_rank(config, batches, per_rank=False)
+    _, per_rank = one_rank(config, batches, per_rank=True)
     assert probe_out["grads"].keys() == grads.keys()
     gap = largest_gap(per_rank, grads)
     assert gap > 1e-3, gap  # the test can tell: normalising per rank gives other gradients
-    if args.cpu_ranks:
+    if config.cpu_ranks:
         # The loss the log reports (mean of the ranks' values) is the global one.
         assert math.isclose(probe_out["loss"], loss, rel_tol=1e-6), (probe_out["loss"], loss)
         for name, grad in grads.items():

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+from dflash.config import StepConfig, TrainConfig
 from dflash.errors import ConfigError
+from dflash.flags import COMPILED
 from dflash.flags import train_parser as build_parser
 from dflash.topology import parse_gpu_list, resolve_roles
+from dflash.warmup import build_parser as warmup_parser
 
 from .conftest import run_module
 
@@ -53,6 +58,24 @@ def test_bad_numbers_are_refused_by_name(capsys):
         with pytest.raises(SystemExit):
             build_parser().parse_args([flag, value])
         assert f"argument {flag}: '{value}'" in capsys.readouterr().err
+
+
+def test_the_config_has_a_field_for_every_flag_and_the_step_the_compiled_ones():
+    # from_args reads each field from the flag of its name: a flag without one never arrives.
+    parser = build_parser()
+    dests = {a.dest for a in parser._actions if a.option_strings and a.dest != "help"}
+    assert {f.name for f in dataclasses.fields(TrainConfig)} == dests
+    assert {f.name for f in dataclasses.fields(StepConfig)} == set(COMPILED)
+    config = TrainConfig.from_args(parser.parse_args(["--checkpoint-dir", "ck", "--gamma", "3"]))
+    assert (config.checkpoint_dir, config.status_file) == (Path("ck"), Path("status.json"))
+    assert (config.data_cache, config.gamma, config.max_seq_len) == (None, 3.0, 3072)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.lr = 1.0
+    # The same flags give the warm-up the step training compiles (their defaults agree).
+    flags = ["--block-size", "8", "--compile-drafter"]
+    warmup = StepConfig.from_args(warmup_parser().parse_args(flags))
+    trained = TrainConfig.from_args(parser.parse_args(flags))
+    assert warmup == StepConfig(**{f: getattr(trained, f) for f in COMPILED})
 
 
 def test_cli_error_exits_2_and_writes_a_failed_status(tmp_path):
