@@ -1,5 +1,6 @@
-# Turns preflight's findings that are not errors into Ansible warnings ([WARNING] lines, and
-# the result's `warnings`), in the controller's own process: nothing goes to the target.
+# Turns findings that are not errors (preflight's, a renamed variable's old name) into Ansible
+# warnings ([WARNING] lines, and the result's `warnings`), in the controller's own process:
+# nothing goes to the target.
 from __future__ import annotations
 
 from typing import Any
@@ -9,7 +10,7 @@ from ansible.plugins.action import ActionBase
 DOCUMENTATION = r"""
 ---
 module: dflash_warn
-short_description: Show preflight's warnings as Ansible warnings
+short_description: Show the toolkit's warnings as Ansible warnings
 description:
   - Runs on the controller only. Each message becomes a C([WARNING]) line; the task never fails
     and never changes anything.

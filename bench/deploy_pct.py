@@ -39,7 +39,7 @@ SEED = "/opt/dflash-bench-seed"
 
 def local_lock(wheelhouse: str) -> dict:
     inventory = yaml.safe_load((REPO / "inventory" / "local.yml").read_text())
-    lock = inventory["all"]["children"]["dflash_targets"]["hosts"]["local"]["dflash_lock"]
+    lock = inventory["all"]["children"]["dflash_targets"]["hosts"]["local"]["dflash_env_lock"]
     return dict(lock, source={"wheelhouse": wheelhouse})
 
 
@@ -117,7 +117,7 @@ def measure(bed: Testbed, tmp: Path, connection: str, count: int, runs: int, loc
         root = f"/opt/dflash-bench-{tag}-{count}-{run}"
         fresh_root(bed, vmids, root)
         inv = bed.inventory(tmp / f"inv-{tag}-{count}.yml", vmids=vmids, connection=connection,
-                            group_vars={"dflash_lock": lock, "dflash_root": root})  # fmt: skip
+                            group_vars={"dflash_env_lock": lock, "dflash_root": root})  # fmt: skip
         extra = {"dflash_launch": False, "dflash_source_dir": str(source)}
         ping = [str(ANSIBLE_PLAYBOOK).replace("ansible-playbook", "ansible"),
                 "-i", str(inv), "all", "-m", "ansible.builtin.ping"]  # fmt: skip
@@ -180,7 +180,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp_name:
             tmp = Path(tmp_name)
             seed_inv = bed.inventory(
-                tmp / "seed.yml", group_vars={"dflash_lock": lock, "dflash_root": SEED}
+                tmp / "seed.yml", group_vars={"dflash_env_lock": lock, "dflash_root": SEED}
             )
             print("seeding the torch env in every container ...", file=sys.stderr)
             timed(playbook_command("deploy.yml", {"dflash_launch": False}, seed_inv))
@@ -200,7 +200,7 @@ def main() -> None:
                 root = "/opt/dflash-bench-files"
                 for factor, repo in sources.items():
                     fresh_root(bed, [vmid], root)
-                    group_vars = {"dflash_lock": lock, "dflash_root": root}
+                    group_vars = {"dflash_env_lock": lock, "dflash_root": root}
                     inv = bed.inventory(tmp / "inv-files.yml", vmids=[vmid], group_vars=group_vars)
                     extra = {"dflash_launch": False, "dflash_source_dir": str(repo)}
                     mark = bed.trace_mark()

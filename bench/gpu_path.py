@@ -8,7 +8,7 @@ the health check and the seconds by role.
     python3 bench/gpu_path.py [--root DIR] [--target tiny|8b|both] [--gpu 0]
 
 Run it from the repository root with the Python that holds torch (its interpreter is adopted
-as the training environment: `dflash_lock.source.python`), with ansible-core importable
+as the training environment: `dflash_env_lock.source.python`), with ansible-core importable
 (`python3 -m ansible`). Everything it writes stays under --root (default: a new temp folder).
 The `8b` target is bench/trainer/pipeline.py's random Qwen3-8B-shaped one (a cold compile
 of its drafter step takes minutes). Without a CUDA GPU it exits 0 saying so.
@@ -57,7 +57,7 @@ def inventory(root: Path, gpu: int | None, lock: dict, args: dict) -> Path:
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
         "dflash_root": str(root / "state"),
-        "dflash_lock": lock,
+        "dflash_env_lock": lock,
         "dflash_target_gpus": gpus,
         "dflash_drafter_gpus": gpus,
         "dflash_colocated": bool(gpus),
@@ -108,6 +108,11 @@ def playbook(root: Path, inv: Path, name: str, rows: list, step: str, **extra: A
         ANSIBLE_CALLBACKS_ENABLED="dflash_role_times",
         DFLASH_ROLE_TIMES=str(times),
         ANSIBLE_NOCOLOR="1",
+        # The controller-side plugins import module_utils/, which `make venv` puts on the venv's
+        # path (pyproject.toml); this interpreter is not that venv's.
+        PYTHONPATH=os.pathsep.join(
+            filter(None, [str(REPO / "module_utils"), os.environ.get("PYTHONPATH")])
+        ),
     )
     extra.setdefault("dflash_verify_json", str(root / "reports" / "verify.json"))
     watch = FirstStep(root / "state")

@@ -65,7 +65,7 @@ def main() -> None:
     try:
         for wheel in (REPO / ".build" / "wheelhouse").glob("*.whl"):
             shutil.copy(wheel, bed.wheelhouse)
-        group_vars = {"dflash_lock": local_lock(bed.wheelhouse_ct), "dflash_root": SEED}
+        group_vars = {"dflash_env_lock": local_lock(bed.wheelhouse_ct), "dflash_root": SEED}
         with tempfile.TemporaryDirectory() as tmp_name:
             tmp = Path(tmp_name)
             print("deploying (with the torch env) into every container ...", file=sys.stderr)

@@ -2,15 +2,9 @@
 # and the release-name and lock checks that preflight runs before anything changes.
 from __future__ import annotations
 
-import os
-import sys
-
-# The naming rules live with the modules' shared code; filters run on the controller.
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
-)
+from dflash_compile_cache import findings as cache_findings
 from dflash_data import changed_under, identity, recorded
-from dflash_deploy_lock import describe, holder_alive
+from dflash_env_lock import lock_id, lock_problems
 from dflash_findings import finding
 from dflash_layout import (
     LayoutError,
@@ -21,7 +15,7 @@ from dflash_layout import (
     trainer_flags,
 )
 from dflash_lines import last_deployment
-from dflash_lock import lock_id, lock_problems
+from dflash_lockfile import describe, holder_alive
 from dflash_release import release_id_problem
 from dflash_states import ALIVE
 
@@ -260,39 +254,9 @@ def setup_findings(facts: dict) -> list[dict]:
                 package=item["package"],
             )
         )
-    cache = facts.get("cache")
     tree = ((facts.get("current") or {}).get("manifest") or {}).get("tree_sha256")
-    lock = deployment.get("lock") or {}
-    if cache and not cache.get("exists"):
-        out.append(
-            finding(
-                "cache", cache["path"], "missing", "deploy.yml creates it again", path=cache["path"]
-            )
-        )
-    built = (cache or {}).get("built_by")
-    if built and (built.get("tree_sha256") != tree or built.get("torch") != lock.get("torch")
-                  or built.get("triton") != lock.get("triton")):  # fmt: skip
-        out.append(
-            finding(
-                "cache",
-                f"built by torch {lock.get('torch')} for tree {tree[:12]}",
-                f"built by torch {built.get('torch')} for tree "
-                f"{str(built.get('tree_sha256'))[:12]}",
-                "a cache of another build is in place; deploy.yml -e dflash_compile_cache=clear",
-                path=cache["path"],
-            )
-        )
-    for proc in (facts.get("trainers") or {}).get("processes") or []:
-        if cache and proc.get("cache_dir") and proc["cache_dir"] != cache["path"]:
-            out.append(
-                finding(
-                    "cache",
-                    cache["path"],
-                    f"pid {proc['pid']} uses {proc['cache_dir']}",
-                    "restart it through deploy.yml -e dflash_restart=true",
-                    pid=proc["pid"],
-                )
-            )
+    processes = (facts.get("trainers") or {}).get("processes") or []
+    out += cache_findings(facts.get("cache"), tree, deployment.get("lock") or {}, processes)
     return out
 
 
@@ -382,7 +346,7 @@ class FilterModule:
             "dflash_findings": dflash_findings,
             "dflash_report_lines": dflash_report_lines,
             "dflash_release_problem": release_id_problem,
-            "dflash_lock_problems": lock_problems,
+            "dflash_env_lock_problems": lock_problems,
             "dflash_lock_id": lock_id,
             "dflash_run_spec": dflash_run_spec,
             "dflash_data_record": recorded,

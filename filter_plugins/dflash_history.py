@@ -2,14 +2,8 @@
 # launch goes back to, and what the deploy's throughput gate compares with.
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
-# The comparison rules live with the modules' shared code; filters run on the controller.
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
-)
 from dflash_throughput import gate_baseline, shape_of
 
 

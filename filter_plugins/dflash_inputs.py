@@ -38,6 +38,26 @@ def unknown_vars(names: list[str]) -> list[str]:
     return out
 
 
+# Old name -> new name of the variables renamed for one name per concept (issue 27). The
+# old names still work for one release (roles/dflash/defaults/main.yml maps them), then go.
+RENAMED = {
+    "dflash_lock": "dflash_env_lock",
+    "dflash_lock_wait": "dflash_deploy_lock_wait",
+    "dflash_lock_stale_after": "dflash_deploy_lock_stale_after",
+    "dflash_lock_break": "dflash_deploy_lock_break",
+}
+
+
+def renamed_vars(names: list[str]) -> list[str]:
+    """One warning per old name that is set, naming its new name."""
+    return [
+        f"{old} is renamed {RENAMED[old]}: the old name still works in this release and is "
+        f"gone in the next; rename it where you set it (an inventory, -e)"
+        + (f". {RENAMED[old]} is set too, and wins" if RENAMED[old] in names else "")
+        for old in sorted(set(names) & RENAMED.keys())
+    ]
+
+
 class FilterModule:
     def filters(self) -> dict:
-        return {"dflash_unknown_vars": unknown_vars}
+        return {"dflash_unknown_vars": unknown_vars, "dflash_renamed_vars": renamed_vars}

@@ -5,14 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import sys
 from typing import Any
 
-# Shared with the verify filters; filters run on the controller.
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
-)
 from dflash_job import job_members
 
 # What every host of a job must deploy alike (the card's keys), and how a message names it.
@@ -24,7 +18,7 @@ SAME = {
     "trainer_env": "dflash_trainer_env",
     "torchrun_args": "dflash_torchrun_args",
     "data": "the training data (dflash_data: a store's content hash, a file's name and size)",
-    "lock": "the environment lock's pins (dflash_lock, its source aside)",
+    "lock": "the environment lock's pins (dflash_env_lock, its source aside)",
     "port": "dflash_job_port",
     "rdzv_id": "the recorded rendezvous id (the deployment to roll back to)",
 }

@@ -2,14 +2,8 @@
 # job's hosts train as one (all read, one release, one rendezvous, the deployed world size).
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
-# Shared with the modules and the deploy's job plan; filters run on the controller.
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
-)
 from dflash_job import job_members
 from dflash_lines import last_deployment
 from dflash_states import TRAINING

@@ -4,12 +4,6 @@
 # module_utils/dflash_plan.py's, which the launch module asks too.
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
-)
 from dflash_plan import deploy_changes, deploy_work
 
 

@@ -43,4 +43,4 @@ def unredact_lock(recorded: dict[str, Any] | None, inventory: dict[str, Any] | N
 
 class FilterModule:
     def filters(self) -> dict:
-        return {"dflash_redact_lock": redact_lock, "dflash_unredact_lock": unredact_lock}
+        return {"dflash_redact_env_lock": redact_lock, "dflash_unredact_env_lock": unredact_lock}

@@ -3,14 +3,8 @@
 # its references, what each check looked at). The `gpu` finding is in dflash_verify_gpu.py.
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
-# The GPU judgement lives with the modules' shared code; filters run on the controller.
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
-)
 from dflash_data import length_shift
 from dflash_findings import finding
 from dflash_gpu import judge_facts

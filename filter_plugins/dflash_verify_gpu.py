@@ -2,13 +2,6 @@
 # dflash_facts read of nvidia-smi on the target (module_utils/dflash_gpu.py judges it).
 from __future__ import annotations
 
-import os
-import sys
-
-# The GPU judgement lives with the modules' shared code; filters run on the controller.
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
-)
 from dflash_findings import finding
 from dflash_gpu import judge_facts
 

@@ -14,19 +14,14 @@ description:
     Temp links of killed earlier runs are removed.
   - The deployment is recorded afterwards by M(dflash_launch) or M(dflash_record), once its
     health is known.
+extends_documentation_fragment:
+  - dflash_state_root
+  - dflash_deploy_lock_token.takes_the_lock
 options:
-  root:
-    description: State root on the target.
-    type: path
-    required: true
   release:
     description: Release id to make current.
     type: str
     required: true
-  token:
-    description: The deploy lock's token of this run (M(dflash_deploy_lock)); without it the
-      module takes the lock for its own change.
-    type: str
 attributes:
   check_mode:
     support: full
@@ -61,7 +56,7 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_deploy_lock import LockError, held
+from ansible.module_utils.dflash_lockfile import LockError, held
 from ansible.module_utils.dflash_state import (
     CURRENT,
     TMP_PREFIX,

@@ -89,7 +89,7 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_deploy_lock import acquire, read_lock, release
+from ansible.module_utils.dflash_lockfile import acquire, read_lock, release
 
 
 def root_problem(root: str) -> str | None:

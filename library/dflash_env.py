@@ -21,11 +21,9 @@ description:
   - In check mode nothing is created; the result says whether the env would be built and, with
     C(--diff), shows the pins of the env the current deployment uses (or the drifted env as
     installed) against the pins of the lock.
+extends_documentation_fragment:
+  - dflash_state_root
 options:
-  root:
-    description: State root on the target.
-    type: path
-    required: true
   lock:
     description: The lock (see the README, "The environment lock").
     type: dict
@@ -51,7 +49,7 @@ EXAMPLES = r"""
 - name: Pin the training environment
   dflash_env:
     root: /opt/dflash
-    lock: "{{ dflash_lock }}"
+    lock: "{{ dflash_env_lock }}"
   register: env
 """
 
@@ -97,16 +95,7 @@ import tempfile
 from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_deploy_lock import LockError, Watchdog, fence
-from ansible.module_utils.dflash_envcheck import (
-    EnvError,
-    check_adopted,
-    check_runtime,
-    check_wheelhouse,
-    find_python,
-)
-from ansible.module_utils.dflash_guarded import CommandError, run_checked
-from ansible.module_utils.dflash_lock import (
+from ansible.module_utils.dflash_env_lock import (
     adopts,
     installed_versions,
     lock_id,
@@ -115,7 +104,21 @@ from ansible.module_utils.dflash_lock import (
     pinned,
     version_drift,
 )
-from ansible.module_utils.dflash_state import current_release, deployment_index, read_history
+from ansible.module_utils.dflash_envcheck import (
+    EnvError,
+    check_adopted,
+    check_runtime,
+    check_wheelhouse,
+    find_python,
+)
+from ansible.module_utils.dflash_guarded import CommandError, run_checked
+from ansible.module_utils.dflash_lockfile import LockError, Watchdog, fence
+from ansible.module_utils.dflash_state import (
+    ENVS,
+    current_release,
+    deployment_index,
+    read_history,
+)
 
 MARKER = ".dflash-env.json"
 
@@ -303,7 +306,7 @@ def run(module: AnsibleModule) -> dict:
     if problems:
         raise EnvError("; ".join(problems))
     lid = lock_id(lock)
-    env_dir = os.path.join(root, "envs", lid)
+    env_dir = os.path.join(root, ENVS, lid)
     result = {
         "changed": False,
         "lock_id": lid,

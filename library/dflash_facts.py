@@ -13,11 +13,9 @@ description:
   - Also the trainers of the root with their status files, the figures their tokens/s is
     judged against (from the whole history), and what C(nvidia-smi) shows of the GPUs and
     their compute processes, matched to the trainers by pid namespace.
+extends_documentation_fragment:
+  - dflash_state_root
 options:
-  root:
-    description: State root on the target.
-    type: path
-    required: true
   checksums:
     description: Hash every file of C(current) against its manifest.
     type: bool
@@ -199,25 +197,28 @@ from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_checks import environment_check, release_check, writable
+from ansible.module_utils.dflash_compile_cache import read as read_cache
 from ansible.module_utils.dflash_data import read_data, running_data
-from ansible.module_utils.dflash_deploy_lock import read_lock
-from ansible.module_utils.dflash_gpu import probe
-from ansible.module_utils.dflash_lines import GOOD_RESULTS
-from ansible.module_utils.dflash_lock import (
+from ansible.module_utils.dflash_env_lock import (
     adopts,
     installed_versions,
     interpreter_versions,
     lock_problems,
     version_drift,
 )
-from ansible.module_utils.dflash_lock import (
+from ansible.module_utils.dflash_env_lock import (
     lock_id as lock_id_of,
 )
+from ansible.module_utils.dflash_gpu import probe
+from ansible.module_utils.dflash_lines import GOOD_RESULTS
+from ansible.module_utils.dflash_lockfile import read_lock
 from ansible.module_utils.dflash_procs import find_trainers
 from ansible.module_utils.dflash_release import file_drift, tree_sha256
 from ansible.module_utils.dflash_state import (
     CURRENT,
+    ENVS,
     RELEASES,
+    STATUS,
     current_release,
     deployment_index,
     previous_deployment,
@@ -225,6 +226,7 @@ from ansible.module_utils.dflash_state import (
     read_json,
     read_run_script,
     release_manifests,
+    run_path,
     stale_temp_dirs,
 )
 from ansible.module_utils.dflash_throughput import throughput_references
@@ -253,7 +255,7 @@ def trainers(root: str) -> dict:
     ticks, booted = os.sysconf("SC_CLK_TCK"), boot_time()
     processes = []
     for proc in find_trainers(root):
-        status = read_json(os.path.join(root, "runs", proc["run_id"], "status.json")) if proc[
+        status = read_json(run_path(root, proc["run_id"], STATUS)) if proc[
             "run_id"] else None  # fmt: skip
         cwd = proc["cwd"]
         releases = os.path.join(os.path.realpath(root), RELEASES) + os.sep
@@ -276,7 +278,7 @@ def environment(root: str, lock_id: str | None, lock: dict | None = None) -> dic
     installed there against its lock (no import), and the interpreter run.sh starts."""
     if not lock_id:
         return None
-    env_dir = os.path.join(root, "envs", lock_id)
+    env_dir = os.path.join(root, ENVS, lock_id)
     marker = read_json(os.path.join(env_dir, ".dflash-env.json"))
     lock = lock or (marker or {}).get("lock")
     # An adopted interpreter (source.python) is read where it is, not under envs/.
@@ -290,18 +292,6 @@ def environment(root: str, lock_id: str | None, lock: dict | None = None) -> dic
         "exists": marker is not None,
         "drift": version_drift(lock, installed) if lock else [],
     }
-
-
-def cache(root: str, cache_dir: str | None) -> dict | None:
-    if not cache_dir:
-        return None
-    return {
-        "path": cache_dir,
-        "exists": os.path.isdir(cache_dir),
-        "built_by": read_json(os.path.join(cache_dir, "built-by.json")),
-        "all": sorted(os.listdir(os.path.join(root, "cache")))
-        if os.path.isdir(os.path.join(root, "cache")) else [],
-    }  # fmt: skip
 
 
 def checkpoints(root: str) -> dict:
@@ -367,7 +357,7 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
               for gpu in facts["gpu"]["gpus"]]
     )  # fmt: skip
     facts["environment"] = environment(root, (deployment or {}).get("lock_id"))
-    facts["cache"] = cache(root, ((deployment or {}).get("run_sh") or {}).get("cache_dir"))
+    facts["cache"] = read_cache(root, ((deployment or {}).get("run_sh") or {}).get("cache_dir"))
     facts["checkpoints"] = checkpoints(root)
     return facts
 

@@ -12,11 +12,9 @@ description:
   - With I(diff_from) and I(diff_to), also what changed between the two deployments they
     select - files added, removed and changed (with the text diff when both releases are still
     on the target), environment versions, run.sh values, GPU layout and throughput.
+extends_documentation_fragment:
+  - dflash_state_root
 options:
-  root:
-    description: State root on the target.
-    type: path
-    required: true
   diff_from:
     description:
       - The older side of the diff. C(current) (the deployment that made current current),

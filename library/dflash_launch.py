@@ -32,11 +32,10 @@ description:
     steps past its last checkpoint a trainer killed after the timeout lost.
   - Long waits end when this run's deploy lock is lost (taken over, or its ansible-playbook
     process died where the target can see it), so they never outlive the play.
+extends_documentation_fragment:
+  - dflash_state_root
+  - dflash_deploy_lock_token
 options:
-  root:
-    description: State root on the target.
-    type: path
-    required: true
   restart:
     description: Restart even when the running trainer matches.
     type: bool
@@ -90,9 +89,6 @@ options:
     default: deploy
   previous:
     description: The release current before this run, for the history line.
-    type: str
-  token:
-    description: The deploy lock's token of this run (M(dflash_deploy_lock)).
     type: str
   release:
     description:
@@ -184,13 +180,13 @@ from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_data import read_data
-from ansible.module_utils.dflash_deploy_lock import LockError, Watchdog, fence
 from ansible.module_utils.dflash_health import (
     LaunchError,
     job_problem,
     throughput_problem,
     wait_healthy,
 )
+from ansible.module_utils.dflash_lockfile import LockError, Watchdog, fence
 from ansible.module_utils.dflash_plan import KEEP, trainer_plan
 from ansible.module_utils.dflash_procs import (
     ROOT_MARKER,
@@ -205,16 +201,20 @@ from ansible.module_utils.dflash_release import file_drift
 from ansible.module_utils.dflash_state import (
     GOOD_RESULTS,
     RELEASES,
+    RUN_SH,
+    RUNS,
+    STATUS,
     TMP_PREFIX,
+    TRAIN_LOG,
     current_release,
     read_history,
     read_json,
     read_manifest,
     read_run_script,
+    run_path,
 )
 
 TRAINER_FILE = "trainer.json"
-RUNS = "runs"
 
 
 def utc_now() -> str:
@@ -224,7 +224,7 @@ def utc_now() -> str:
 def recorded_status(root: str) -> dict:
     """The status.json of the trainer trainer.json names ({} without one)."""
     run_id = (read_json(os.path.join(root, TRAINER_FILE)) or {}).get("run_id")
-    return (read_json(os.path.join(root, RUNS, run_id, "status.json")) or {}) if run_id else {}
+    return (read_json(run_path(root, run_id, STATUS)) or {}) if run_id else {}
 
 
 def plan_here(root: str, trainers: list[dict], tree: str | None, run_sh_sha: str | None,
@@ -262,7 +262,7 @@ def start(root: str, release: str, run_sh: str) -> tuple[subprocess.Popen, str, 
     run_id = new_run_id(release)
     run_dir = os.path.join(root, RUNS, run_id)
     os.makedirs(run_dir)
-    log_path = os.path.join(run_dir, "train.log")
+    log_path = os.path.join(run_dir, TRAIN_LOG)
     env = {
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
         "HOME": os.environ.get("HOME", "/root"),
@@ -347,11 +347,11 @@ def adopt(module: AnsibleModule, dog: Watchdog, record: dict, manifest: dict, re
         result["msg"] = f"would check and record the running trainer {record['pid']} (run {run_id})"
         return result
     leader = next((t for t in find_trainers(root) if t["pid"] == record["pid"]), None)
-    log_path = os.path.join(root, RUNS, run_id, "train.log")
+    log_path = run_path(root, run_id, TRAIN_LOG)
     status = wait_healthy(
         # Not this process's child: its exit code cannot be read, only that it is gone.
         lambda: None if leader and alive(leader) else "its process is gone (exit code unknown)",
-        os.path.join(root, RUNS, run_id, "status.json"), log_path, manifest["tree_sha256"],
+        run_path(root, run_id, STATUS), log_path, manifest["tree_sha256"],
         params["health_timeout"], params["health_steps"], dog.check,
     )  # fmt: skip
     tokens_per_s = judge(params, status, run_id, log_path)
@@ -406,7 +406,7 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
             f"missing {drift['missing']}, extra {drift['extra']}); deploy.yml puts the release "
             "back from its archive"
         )
-    run_sh = os.path.join(root, "run.sh")
+    run_sh = os.path.join(root, RUN_SH)
     if run_sh_sha is None:
         raise LaunchError(f"{run_sh} is missing; the runscript step renders it")
     if plan["action"] == KEEP:
@@ -437,7 +437,7 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
     result.update(pid=proc.pid, run_id=run_id)
     if params["token"]:
         fence(root, params["token"], phase="health check", run_id=run_id)
-    status_path = os.path.join(root, RUNS, run_id, "status.json")
+    status_path = run_path(root, run_id, STATUS)
     try:
         status = wait_healthy(
             proc.poll, status_path, log_path, tree, params["health_timeout"],

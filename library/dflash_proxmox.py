@@ -31,50 +31,10 @@ attributes:
   check_mode:
     support: full
     description: Reads only; a start that would happen is reported as changed.
+extends_documentation_fragment:
+  - dflash_proxmox_api
+  - dflash_proxmox_api.container
 options:
-  api_host:
-    description: Host name or address of the Proxmox node's API.
-    type: str
-    required: true
-  api_port:
-    description: Port of the API.
-    type: int
-    default: 8006
-  api_user:
-    description: The Proxmox user owning the token, for example V(dflash@pve).
-    type: str
-    required: true
-  api_token_id:
-    description:
-      - Name of the API token (without the user), for example V(deploy).
-      - Defaults to the environment variable E(PROXMOX_TOKEN_ID).
-    type: str
-    required: true
-  api_token_secret:
-    description:
-      - Secret of the API token. Never logged.
-      - Defaults to the environment variable E(PROXMOX_TOKEN_SECRET).
-    type: str
-    required: true
-  validate_certs:
-    description:
-      - Verify the API's TLS certificate. A node's own CA is trusted through the
-        E(REQUESTS_CA_BUNDLE) environment variable (the role sets it from
-        C(proxmox_api_ca_file)).
-    type: bool
-    default: true
-  api_timeout:
-    description: Seconds to wait for the connection and for each API call.
-    type: int
-    default: 10
-  node:
-    description: Proxmox node name that holds the container.
-    type: str
-    required: true
-  vmid:
-    description: VMID of the container.
-    type: int
-    required: true
   start_if_stopped:
     description:
       - Start the container when it is stopped, then wait (bounded by O(start_timeout)) for
@@ -130,9 +90,6 @@ options:
         description: Description stored with the snapshot.
         type: str
         default: taken by dflash-deploy before a deploy
-requirements:
-  - proxmoxer >= 2.0
-  - requests
 author: dflash-deploy
 """
 

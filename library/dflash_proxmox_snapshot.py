@@ -21,45 +21,10 @@ attributes:
   check_mode:
     support: full
     description: Reports the snapshot it would take and the ones it would delete, as changed.
+extends_documentation_fragment:
+  - dflash_proxmox_api
+  - dflash_proxmox_api.container
 options:
-  api_host:
-    description: Host name or address of the Proxmox node's API.
-    type: str
-    required: true
-  api_port:
-    description: Port of the API.
-    type: int
-    default: 8006
-  api_user:
-    description: The Proxmox user owning the token, for example V(dflash@pve).
-    type: str
-    required: true
-  api_token_id:
-    description:
-      - Name of the API token (without the user). Defaults to E(PROXMOX_TOKEN_ID).
-    type: str
-    required: true
-  api_token_secret:
-    description:
-      - Secret of the API token. Never logged. Defaults to E(PROXMOX_TOKEN_SECRET).
-    type: str
-    required: true
-  validate_certs:
-    description: Verify the API's TLS certificate (a node's own CA through E(REQUESTS_CA_BUNDLE)).
-    type: bool
-    default: true
-  api_timeout:
-    description: Seconds to wait for the connection and for each API call.
-    type: int
-    default: 10
-  node:
-    description: Proxmox node name that holds the container.
-    type: str
-    required: true
-  vmid:
-    description: VMID of the container.
-    type: int
-    required: true
   name_prefix:
     description: Prefix of this module's snapshot names (at most 25 characters).
     type: str
@@ -76,9 +41,6 @@ options:
     description: Seconds to wait for each snapshot task (taking one, deleting one).
     type: int
     default: 120
-requirements:
-  - proxmoxer >= 2.0
-  - requests
 author: dflash-deploy
 """
 

@@ -19,11 +19,10 @@ description:
     I(protect); and envs that no kept release's deployment used.
   - An C(export) line (a drafter exported with the code of the current release) records no
     run.sh and prunes nothing.
+extends_documentation_fragment:
+  - dflash_state_root
+  - dflash_deploy_lock_token.takes_the_lock
 options:
-  root:
-    description: State root on the target.
-    type: path
-    required: true
   release:
     description: Release the line is about.
     type: str
@@ -58,10 +57,6 @@ options:
     type: list
     elements: str
     default: []
-  token:
-    description: The deploy lock's token of this run (M(dflash_deploy_lock)); without it the
-      module takes the lock for its own change.
-    type: str
 attributes:
   check_mode:
     support: full
@@ -103,9 +98,10 @@ import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_deploy_lock import LockError, held
+from ansible.module_utils.dflash_lockfile import LockError, held
 from ansible.module_utils.dflash_record import already_recorded, history_entry, record_once
 from ansible.module_utils.dflash_state import (
+    ENVS,
     StateError,
     current_release,
     list_releases,
@@ -120,7 +116,7 @@ from ansible.module_utils.dflash_state import (
 
 def envs_to_prune(root: str, history: list[dict], kept: list[str]) -> list[str]:
     """Envs that no deployment of a kept release used (the env of current is always in use)."""
-    folder = os.path.join(root, "envs")
+    folder = os.path.join(root, ENVS)
     if not os.path.isdir(folder):
         return []
     used = {e.get("lock_id") for e in history if e.get("release") in kept}
@@ -146,7 +142,7 @@ def prune(root: str, release: str, keep: int, protect: list[str]) -> tuple[list,
     # Envs are pruned only when history says which env each kept release used.
     if all(e.get("lock_id") for e in history if e.get("release") in kept):
         for env in envs_to_prune(root, history, kept):
-            shutil.rmtree(os.path.join(root, "envs", env))
+            shutil.rmtree(os.path.join(root, ENVS, env))
             pruned_envs.append(env)
     return pruned, pruned_envs
 

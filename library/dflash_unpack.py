@@ -16,11 +16,10 @@ description:
     I(replace), is unpacked again from the archive; the edited folder is kept as
     C(releases/.edited-<release>-<time>) and its changed files are named in the result.
   - Removes temp folders left by killed earlier runs and the pushed archive once unpacked.
+extends_documentation_fragment:
+  - dflash_state_root
+  - dflash_deploy_lock_token.takes_the_lock
 options:
-  root:
-    description: State root on the target.
-    type: path
-    required: true
   release:
     description: Release id.
     type: str
@@ -44,10 +43,6 @@ options:
     description: Unpack again even when the release on the target matches its manifest.
     type: bool
     default: false
-  token:
-    description: The deploy lock's token of this run (M(dflash_deploy_lock)); without it the
-      module takes the lock for its own change.
-    type: str
 attributes:
   check_mode:
     support: full
@@ -99,7 +94,7 @@ import tarfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_deploy_lock import LockError, held
+from ansible.module_utils.dflash_lockfile import LockError, held
 from ansible.module_utils.dflash_release import (
     MANIFEST_NAME,
     file_drift,

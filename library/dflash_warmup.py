@@ -14,6 +14,8 @@ description:
   - The compile runs in its own process group and ends, as a whole, when its time is up or when
     the run that holds the deploy lock loses it or dies, so a killed deploy leaves no
     compilation running.
+extends_documentation_fragment:
+  - dflash_deploy_lock_token
 options:
   root:
     description: State root on the target (holds the deploy lock).
@@ -43,9 +45,6 @@ options:
     description: Seconds the compilation may take.
     type: int
     default: 1800
-  token:
-    description: The deploy lock's token of this run (M(dflash_deploy_lock)).
-    type: str
 attributes:
   check_mode:
     support: full
@@ -79,8 +78,8 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_deploy_lock import LockError, Watchdog
 from ansible.module_utils.dflash_guarded import CommandError, run_checked
+from ansible.module_utils.dflash_lockfile import LockError, Watchdog
 
 
 def run(module: AnsibleModule) -> dict:

@@ -31,7 +31,7 @@ author: dflash-deploy
 EXAMPLES = r"""
 - name: Fill the wheelhouse
   dflash_wheelhouse:
-    lock: "{{ dflash_lock }}"
+    lock: "{{ dflash_env_lock }}"
     dest: /srv/wheelhouse
   delegate_to: localhost
 """
@@ -50,7 +50,7 @@ import subprocess
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_lock import lock_problems, pinned, wheel_name_version
+from ansible.module_utils.dflash_env_lock import lock_problems, pinned, wheel_name_version
 
 
 def present(dest: str) -> set[tuple[str, str]]:

@@ -44,42 +44,43 @@ def adopts(lock: dict) -> str | None:
 def lock_problems(lock: object) -> list[str]:
     """Everything wrong with a lock, each naming the value and the fix; [] when it is valid."""
     if not isinstance(lock, dict):
-        return [f"dflash_lock must be a mapping (python, torch, wheels, source), got {lock!r}"]
+        return [f"dflash_env_lock must be a mapping (python, torch, wheels, source), got {lock!r}"]
     problems = []
     python = str(lock.get("python", ""))
     if not _PYTHON_RE.match(python):
         problems.append(
-            f"dflash_lock.python '{python}' is not a Python version; write e.g. '3.11' or '3.11.2'"
+            f"dflash_env_lock.python '{python}' is not a Python version; "
+            "write e.g. '3.11' or '3.11.2'"
         )
     names = dict((lock.get("wheels") or {}).items())
     names.update({key: lock[key] for key in ("torch", "triton") if lock.get(key)})
     for name, version in names.items():
         if not _NAME_RE.match(str(name)):
-            problems.append(f"dflash_lock wheel name '{name}' is not a package name")
+            problems.append(f"dflash_env_lock wheel name '{name}' is not a package name")
         if not _VERSION_RE.match(str(version)):
             problems.append(
-                f"dflash_lock pins {name}=='{version}', which is not a version; write it as "
+                f"dflash_env_lock pins {name}=='{version}', which is not a version; write it as "
                 "pip prints it, e.g. 2.11.0+cu128"
             )
     source = lock.get("source") or {}
     given = [key for key in SOURCES if source.get(key)]
     if len(given) != 1:
         problems.append(
-            "dflash_lock.source needs exactly one of wheelhouse (a folder inside the target), "
+            "dflash_env_lock.source needs exactly one of wheelhouse (a folder inside the target), "
             "index_url, or python (an interpreter that already holds the pins)"
             + (f"; it has {', '.join(given)}" if given else "")
         )
     elif given == ["python"] and not str(source["python"]).startswith("/"):
         problems.append(
-            f"dflash_lock.source.python '{source['python']}' must be the absolute path of an "
+            f"dflash_env_lock.source.python '{source['python']}' must be the absolute path of an "
             "interpreter on the target, e.g. /opt/torch/.venv/bin/python3"
         )
     pins = {normalize(str(n)) for n in names}
     for name, digest in (lock.get("sha256") or {}).items():
         if normalize(name) not in pins:
-            problems.append(f"dflash_lock.sha256 names '{name}', which the lock does not pin")
+            problems.append(f"dflash_env_lock.sha256 names '{name}', which the lock does not pin")
         if not _SHA_RE.match(str(digest)):
-            problems.append(f"dflash_lock.sha256 of '{name}' is not a hex sha256")
+            problems.append(f"dflash_env_lock.sha256 of '{name}' is not a hex sha256")
     return problems
 
 

@@ -10,8 +10,7 @@ import re
 import shutil
 import subprocess
 
-from ansible.module_utils.dflash_guarded import CommandError, run_checked
-from ansible.module_utils.dflash_lock import (
+from ansible.module_utils.dflash_env_lock import (
     adopts,
     interpreter_versions,
     normalize,
@@ -19,6 +18,7 @@ from ansible.module_utils.dflash_lock import (
     version_drift,
     wheel_name_version,
 )
+from ansible.module_utils.dflash_guarded import CommandError, run_checked
 from ansible.module_utils.dflash_release import sha256_file
 
 # Oldest driver that runs a CUDA major version (minor version compatibility).
@@ -57,7 +57,7 @@ def wheelhouse_files(folder: str) -> dict[tuple[str, str], str]:
     if not os.path.isdir(folder):
         raise EnvError(
             f"the lock's wheelhouse {folder} is not a folder on the target; mount it into the "
-            "container (Proxmox mpN) or fix dflash_lock.source.wheelhouse"
+            "container (Proxmox mpN) or fix dflash_env_lock.source.wheelhouse"
         )
     found = {}
     for path in glob.glob(os.path.join(folder, "*.whl")):
@@ -83,7 +83,7 @@ def check_wheelhouse(lock: dict, folder: str) -> dict[tuple[str, str], str]:
         if name in hashes and sha256_file(path) != hashes[name]:
             raise EnvError(
                 f"{os.path.basename(path)} in {folder} has sha256 {sha256_file(path)}, the lock "
-                f"says {hashes[name]}; replace the wheel or fix dflash_lock.sha256.{name}"
+                f"says {hashes[name]}; replace the wheel or fix dflash_env_lock.sha256.{name}"
             )
     return files
 
@@ -112,12 +112,12 @@ def check_adopted(lock: dict) -> dict:
     python = str(adopts(lock))
     if not os.access(python, os.X_OK):
         raise EnvError(
-            f"dflash_lock.source.python {python} is not an executable on the target; point it "
+            f"dflash_env_lock.source.python {python} is not an executable on the target; point it "
             "at the interpreter that holds torch (e.g. /opt/torch/.venv/bin/python3)"
         )
     installed = interpreter_versions(python)
     if installed is None:
-        raise EnvError(f"dflash_lock.source.python {python} does not run")
+        raise EnvError(f"dflash_env_lock.source.python {python} does not run")
     drift = version_drift(lock, installed)
     version = run_checked(
         [python, "-E", "-c", "import platform; print(platform.python_version())"], 60,

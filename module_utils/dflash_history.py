@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     from ansible.module_utils.dflash_data import diff_fields
-    from ansible.module_utils.dflash_lock import pinned
+    from ansible.module_utils.dflash_env_lock import pinned
     from ansible.module_utils.dflash_state import GOOD_RESULTS as GOOD
     from ansible.module_utils.dflash_state import deployment_index
     from ansible.module_utils.dflash_throughput import (
@@ -20,7 +20,7 @@ try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     )
 except ImportError:  # in a controller filter, which puts module_utils/ on sys.path
     from dflash_data import diff_fields
-    from dflash_lock import pinned
+    from dflash_env_lock import pinned
     from dflash_state import GOOD_RESULTS as GOOD
     from dflash_state import deployment_index
     from dflash_throughput import fastest_comparable, fastest_of, rated, shape_of

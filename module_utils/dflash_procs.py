@@ -7,6 +7,11 @@ import os
 import signal
 import time
 
+try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
+    from ansible.module_utils.dflash_state import STATUS, run_path
+except ImportError:  # in a controller filter, which puts module_utils/ on sys.path
+    from dflash_state import STATUS, run_path
+
 ROOT_MARKER = "DFLASH_ROOT"
 
 
@@ -129,7 +134,7 @@ def _steps_since_checkpoint(root: str, info: dict) -> dict | None:
     if not info.get("run_id"):
         return None
     try:
-        with open(os.path.join(root, "runs", info["run_id"], "status.json"), "rb") as handle:
+        with open(run_path(root, info["run_id"], STATUS), "rb") as handle:
             status = json.load(handle)
     except (OSError, ValueError):
         return None

@@ -14,11 +14,25 @@ except ImportError:  # in a controller filter, which puts module_utils/ on sys.p
     from dflash_lines import GOOD_RESULTS
     from dflash_release import MANIFEST_NAME, release_id_problem, sha256_bytes
 
+# The names under a state root, here and nowhere else (the deploy lock's file is
+# module_utils/dflash_lockfile.py's LOCK).
 RELEASES = "releases"
 CURRENT = "current"
 HISTORY = "history.jsonl"
 INCOMING = ".incoming"
 TMP_PREFIX = ".tmp-"
+RUN_SH = "run.sh"
+RUNS = "runs"
+ENVS = "envs"
+CACHE = "cache"
+# In runs/<run id>/: the trainer's heartbeat and its log.
+STATUS = "status.json"
+TRAIN_LOG = "train.log"
+
+
+def run_path(root: str, run_id: str, name: str) -> str:
+    """A file of one run: runs/<run id>/<name>."""
+    return os.path.join(root, RUNS, run_id, name)
 
 
 class StateError(Exception):
@@ -68,7 +82,7 @@ def list_releases(root: str) -> list[str]:
 
 def read_run_script(root: str) -> dict:
     """run.sh as it is on the target: path, text and sha256 (None for both when missing)."""
-    path = os.path.join(root, "run.sh")
+    path = os.path.join(root, RUN_SH)
     try:
         with open(path, "rb") as handle:
             data = handle.read()

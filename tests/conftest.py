@@ -103,7 +103,7 @@ def local_wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def local_lock() -> dict:
     """The CPU lock of the embedded local inventory."""
     inventory = yaml.safe_load((REPO / "inventory" / "local.yml").read_text())
-    return inventory["all"]["children"]["dflash_targets"]["hosts"]["local"]["dflash_lock"]
+    return inventory["all"]["children"]["dflash_targets"]["hosts"]["local"]["dflash_env_lock"]
 
 
 @pytest.fixture(scope="session")

@@ -142,7 +142,7 @@ def test_a_lock_wheel_the_wheelhouse_lacks_is_refused_first(deployed, local_lock
     before = snapshot(root)
     lock = {**local_lock, "wheels": {**local_lock["wheels"], "nosuch-package": "1.0"}}
     lock["source"] = {"wheelhouse": str(REPO / ".build" / "wheelhouse")}
-    run = run_playbook("deploy.yml", {**deployed, "dflash_lock": lock})
+    run = run_playbook("deploy.yml", {**deployed, "dflash_env_lock": lock})
     assert run.rc != 0
     assert (
         "the lock pins nosuch-package==1.0" in run.text and "playbooks/wheelhouse.yml" in run.text

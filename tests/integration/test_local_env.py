@@ -29,7 +29,7 @@ def deploy(source_repo, playbook):
 
     def run(lock: dict, **extravars):
         return playbook(
-            "deploy.yml", dflash_source_dir=str(repo), dflash_ref="v1", dflash_lock=lock,
+            "deploy.yml", dflash_source_dir=str(repo), dflash_ref="v1", dflash_env_lock=lock,
             **extravars,
         )  # fmt: skip
 

@@ -21,7 +21,8 @@ def test_history_lists_and_diff_names_exactly_what_changed(
     def deploy(ref: str, version: str, steps: int):
         run = playbook(
             "deploy.yml", dflash_source_dir=str(repo), dflash_ref=ref,
-            dflash_lock=small_lock(wheelhouse, version), dflash_trainer_args={"max_steps": steps},
+            dflash_env_lock=small_lock(wheelhouse, version),
+            dflash_trainer_args={"max_steps": steps},
         )  # fmt: skip
         assert run.rc == 0, run.output
 

@@ -6,7 +6,7 @@ Runs on a machine with an NVIDIA GPU, standalone (no test bed, no CPU wheelhouse
 
     DFLASH_GPU_VARS=gpu-vars.yml .venv/bin/pytest tests/integration/test_local_verify_gpu.py
 
-where gpu-vars.yml holds the deploy's variables for that machine: a `dflash_lock` whose env runs
+where gpu-vars.yml holds the deploy's variables for that machine: a `dflash_env_lock` whose env runs
 the trainer on CUDA (its wheelhouse or index there), optionally `dflash_trainer_args`. The job
 runs colocated on GPU `DFLASH_GPU_INDEX` (default 0)."""
 
@@ -28,7 +28,7 @@ pytestmark = [
     pytest.mark.skipif(not shutil.which("nvidia-smi"), reason="needs an NVIDIA GPU (nvidia-smi)"),
     pytest.mark.skipif(
         not os.environ.get("DFLASH_GPU_VARS"),
-        reason="needs DFLASH_GPU_VARS: a file of deploy variables with a CUDA dflash_lock "
+        reason="needs DFLASH_GPU_VARS: a file of deploy variables with a CUDA dflash_env_lock "
         "(see this module's docstring)",
     ),
 ]

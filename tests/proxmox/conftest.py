@@ -71,7 +71,7 @@ def bed_envs(proxmox_testbed: Testbed, bed_lock: dict, tmp_path_factory) -> str:
     """The torch env built once in every container by a real deploy (about a minute)."""
     inventory = proxmox_testbed.inventory(
         tmp_path_factory.mktemp("seed") / "inventory.yml",
-        group_vars={"dflash_lock": bed_lock, "dflash_root": SEED_ROOT},
+        group_vars={"dflash_env_lock": bed_lock, "dflash_root": SEED_ROOT},
     )
     run = run_playbook("deploy.yml", {"dflash_launch": False}, inventory=inventory)
     assert run.rc == 0, run.output
@@ -97,7 +97,7 @@ def pct_playbook(
         return bed.inventory(
             tmp_path / "inventory.yml",
             group_vars={
-                "dflash_lock": bed_lock,
+                "dflash_env_lock": bed_lock,
                 "dflash_root": root,
                 "dflash_verify_min_throughput_ratio": 0,
             },

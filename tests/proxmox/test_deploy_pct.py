@@ -42,7 +42,7 @@ def test_lifecycle_across_two_containers(bed, pct_playbook, source_repo, bed_loc
     index = {"index_url": "https://ci:s3cr3t-t0ken@pypi.invalid/simple"}
     mark = bed.trace_mark()
     first = pct_playbook("deploy.yml", dflash_source_dir=repo, dflash_ref="v1",
-                         dflash_lock=dict(bed_lock, source=index))  # fmt: skip
+                         dflash_env_lock=dict(bed_lock, source=index))  # fmt: skip
     assert first.rc == 0, first.output
     assert all(current_in(bed, v, root) == "releases/v1" for v in bed.vmids)
     # Round trips (issue 19): lock, read, push + unpack (2), cache, switch, run.sh, record,
@@ -212,7 +212,7 @@ def test_each_refusal_comes_before_any_change(bed, bed_lock, source_repo, tmp_pa
     common = {"dflash_source_dir": repo, "dflash_ref": "v1", "dflash_launch": False}
 
     def deploy(host_vars: dict, **extravars: object) -> PlaybookRun:
-        group_vars = {"dflash_lock": bed_lock, "dflash_root": root}
+        group_vars = {"dflash_env_lock": bed_lock, "dflash_root": root}
         inventory = bed.inventory(tmp_path / "inv.yml", host_vars=host_vars, group_vars=group_vars)
         return run_playbook("deploy.yml", {**common, **extravars}, inventory=inventory)
 

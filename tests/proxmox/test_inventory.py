@@ -81,7 +81,7 @@ def test_dynamic_inventory_finds_the_tagged_containers(
 
 
 def test_the_token_secret_is_never_shown(bed: Testbed, tmp_path: Path, bed_lock: dict) -> None:
-    inventory = bed.inventory(tmp_path / "inventory.yml", group_vars={"dflash_lock": bed_lock})
+    inventory = bed.inventory(tmp_path / "inventory.yml", group_vars={"dflash_env_lock": bed_lock})
     playbook = tmp_path / "check.yml"
     playbook.write_text(json.dumps([{"hosts": "all", "gather_facts": False,
                                      "roles": ["dflash", "dflash_proxmox"]}]))  # fmt: skip

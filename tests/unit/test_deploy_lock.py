@@ -1,4 +1,4 @@
-"""The deploy lock's rules (module_utils/dflash_deploy_lock.py) with real files and real
+"""The deploy lock's rules (module_utils/dflash_lockfile.py) with real files and real
 processes as holders: who may take it, who may write under it, and when a holder is dead."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.dflash_deploy_lock import (
+from ansible.module_utils.dflash_lockfile import (
     LOCK,
     LockError,
     Watchdog,

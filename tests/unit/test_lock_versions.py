@@ -1,4 +1,4 @@
-"""Installed versions as the lock compares them (module_utils/dflash_lock.py): from dist-info,
+"""Installed versions as the lock compares them (module_utils/dflash_env_lock.py): from dist-info,
 and torch's with the build suffix torch itself records where an image's dist-info drops it
 (seen on the GPU machine: dist-info 2.11.0, torch.__version__ 2.11.0+cu130)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ansible.module_utils.dflash_lock import installed_versions, version_drift
+from ansible.module_utils.dflash_env_lock import installed_versions, version_drift
 
 
 def site(env: Path, torch_dist: str, torch_file: str | None) -> Path:

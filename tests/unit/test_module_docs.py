@@ -1,11 +1,10 @@
-"""Every module's DOCUMENTATION says what its argument_spec does (names, types, defaults,
-choices, required, list elements, no_log), parses as YAML, and `ansible-doc` renders it:
-the check ansible-test's validate-modules makes, for a repository that is no collection
-(`make lint` runs this file)."""
+"""Every module's DOCUMENTATION, with the doc fragments it extends (doc_fragments/) merged in,
+says what its argument_spec does (names, types, defaults, choices, required, list elements,
+no_log), parses as YAML, and `ansible-doc` renders it: the check ansible-test's
+validate-modules makes, for a repository that is no collection (`make lint` runs this file)."""
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import subprocess
 import sys
@@ -13,12 +12,21 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-import yaml
+from ansible.plugins.loader import PluginLoader
+from ansible.utils.plugin_docs import get_docstring
 
 from tests.helpers import REPO
 
 MODULES = sorted((REPO / "library").glob("*.py"))
 ANSIBLE_DOC = Path(sys.executable).parent / "ansible-doc"
+# The doc fragment loader ansible-doc builds from ansible.cfg's doc_fragment_plugins, here
+# pointed at the folder itself so the tests read the same fragments from any working directory.
+FRAGMENTS = PluginLoader(
+    "ModuleDocFragment",
+    "ansible.plugins.doc_fragments",
+    str(REPO / "doc_fragments"),
+    "doc_fragments",
+)
 
 
 class _Captured(Exception):
@@ -43,11 +51,11 @@ def argument_spec(path: Path) -> dict:
 
 
 def documentation(path: Path) -> dict:
-    tree = ast.parse(path.read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "DOCUMENTATION":
-            return yaml.safe_load(node.value.value)
-    raise AssertionError(f"{path.name} has no DOCUMENTATION")
+    """DOCUMENTATION as ansible-doc shows it: read and merged by Ansible's own code, so a
+    fragment's options come in and the module's own options of the same name replace them."""
+    doc = get_docstring(str(path), FRAGMENTS, is_module=True)[0]
+    assert doc, f"{path.name} has no DOCUMENTATION"
+    return doc
 
 
 def expected(option: dict) -> dict:

@@ -5,19 +5,12 @@ from __future__ import annotations
 
 import getpass
 import os
-import sys
 import time
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
-
-# The lock's rules live with the modules' shared code (the same file the target runs).
-sys.path.insert(
-    0,
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "module_utils"),
-)
-from dflash_deploy_lock import (
+from dflash_lockfile import (
     describe,
     holder_alive,
     kernel_identity,
@@ -116,12 +109,15 @@ def stale_reason(held: dict, stale_after: int, break_lock: bool) -> str | None:
     if held.get("torn"):
         return "its lock file was cut short"
     if break_lock:
-        return "dflash_lock_break is set"
+        return "dflash_deploy_lock_break is set"
     if holder_alive(holder) is False:
         return f"its process (pid {holder.get('pid')}) is gone"
     age = held.get("age_s")
     if holder_alive(holder) is None and age is not None and age > stale_after:
-        return f"it has not renewed the lock for {age:g} s (dflash_lock_stale_after={stale_after})"
+        return (
+            f"it has not renewed the lock for {age:g} s "
+            f"(dflash_deploy_lock_stale_after={stale_after})"
+        )
     return None
 
 
@@ -180,8 +176,8 @@ class ActionModule(ActionBase):
                 raise AnsibleActionFail(
                     f"{root} on {task_vars.get('inventory_hostname')} is locked by "
                     f"{describe(held)} (renewed {held.get('age_s')} s ago). Wait for it to end "
-                    f"and run again, or wait for it with -e dflash_lock_wait=SECONDS; if that run "
-                    "is gone for sure, -e dflash_lock_break=true takes the lock"
+                    "and run again, or wait for it with -e dflash_deploy_lock_wait=SECONDS; if "
+                    "that run is gone for sure, -e dflash_deploy_lock_break=true takes the lock"
                 )
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
         previous = got.get("taken_over")

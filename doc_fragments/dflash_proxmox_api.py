@@ -1,0 +1,58 @@
+# How the dflash_proxmox modules reach the Proxmox API (module_utils/dflash_proxmox.py,
+# auth_argument_spec) and, as CONTAINER, which container they work on.
+
+
+class ModuleDocFragment:
+    DOCUMENTATION = r"""
+options:
+  api_host:
+    description: Host name or address of the Proxmox node's API.
+    type: str
+    required: true
+  api_port:
+    description: Port of the API.
+    type: int
+    default: 8006
+  api_user:
+    description: The Proxmox user owning the token, for example V(dflash@pve).
+    type: str
+    required: true
+  api_token_id:
+    description:
+      - Name of the API token (without the user), for example V(deploy).
+      - Defaults to the environment variable E(PROXMOX_TOKEN_ID).
+    type: str
+    required: true
+  api_token_secret:
+    description:
+      - Secret of the API token. Never logged.
+      - Defaults to the environment variable E(PROXMOX_TOKEN_SECRET).
+    type: str
+    required: true
+  validate_certs:
+    description:
+      - Verify the API's TLS certificate. A node's own CA is trusted through the
+        E(REQUESTS_CA_BUNDLE) environment variable (the role sets it from
+        C(proxmox_api_ca_file)).
+    type: bool
+    default: true
+  api_timeout:
+    description: Seconds to wait for the connection and for each API call.
+    type: int
+    default: 10
+requirements:
+  - proxmoxer >= 2.0
+  - requests
+"""
+
+    CONTAINER = r"""
+options:
+  node:
+    description: Proxmox node name that holds the container.
+    type: str
+    required: true
+  vmid:
+    description: VMID of the container.
+    type: int
+    required: true
+"""

@@ -1,0 +1,126 @@
+#!/usr/bin/python
+# The target side of the compile cache step (roles/dflash_compile_cache): clear or keep the
+# cache of this build, make sure its folder exists, say whether a warmup must run, and record
+# what built it once the warmup (dflash_warmup, one GPU a task) completed. The rules are
+# module_utils/dflash_compile_cache.py's.
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: dflash_compile_cache
+short_description: Prepare the compile cache of a dflash build, or record what built it
+description:
+  - The cache of a build is C(<root>/cache/<fingerprint>), named on the controller from the
+    torch, Triton and CUDA of the env lock, the GPU model and the release tree (a cache is only
+    ever used by the build that made it).
+  - C(state=prepared) removes the cache first when I(clear) is set (with I(clear_all), the
+    caches of every fingerprint), creates the folder when missing, and answers whether a
+    warmup must run (I(wanted) differs from the marker C(built-by.json)).
+  - C(state=recorded) writes the marker after a warmup, whole or not at all.
+extends_documentation_fragment:
+  - dflash_state_root
+  - dflash_deploy_lock_token.takes_the_lock
+options:
+  cache_dir:
+    description: The cache folder of this build, under C(<root>/cache).
+    type: path
+    required: true
+  state:
+    description:
+      - C(prepared) clears (when asked) and creates the folder; C(recorded) writes the marker.
+    type: str
+    choices: [prepared, recorded]
+    default: prepared
+  clear:
+    description: Remove the cache before use.
+    type: bool
+    default: false
+  clear_all:
+    description: With I(clear), remove the caches of every fingerprint (C(<root>/cache)).
+    type: bool
+    default: false
+  wanted:
+    description:
+      - What the cache must be built by (the fingerprint's fields and the warmup's flags); with
+        C(state=prepared) it decides C(warm_needed), with C(state=recorded) it is written.
+    type: dict
+attributes:
+  check_mode:
+    support: full
+    description: Says what it would remove, create or record; changes nothing.
+author: dflash-deploy
+"""
+
+EXAMPLES = r"""
+- name: Prepare the compile cache
+  dflash_compile_cache:
+    root: /opt/dflash
+    cache_dir: /opt/dflash/cache/0123456789abcdef
+    clear: true
+    wanted: {torch: 2.11.0+cu130, triton: 3.6.0, cuda: "13.0", gpu: NVIDIA H200, tree_sha256: abc}
+"""
+
+RETURN = r"""
+done:
+  description: What was removed or created, one line each.
+  type: list
+  elements: str
+  returned: always
+warm_needed:
+  description: Whether the marker does not record I(wanted) (state=prepared with wanted).
+  type: bool
+  returned: when wanted is given
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_compile_cache import mark, prepare, warm_needed
+from ansible.module_utils.dflash_lockfile import LockError, held
+from ansible.module_utils.dflash_state import CACHE
+
+
+def run(module: AnsibleModule) -> dict:
+    params = module.params
+    root, cache_dir = params["root"], os.path.normpath(params["cache_dir"])
+    if os.path.dirname(cache_dir) != os.path.join(os.path.normpath(root), CACHE):
+        module.fail_json(msg=f"cache_dir {cache_dir} is not a folder of {root}/{CACHE}")
+    if params["state"] == "recorded":
+        if module.check_mode:
+            return {"changed": True, "done": [f"recorded what built {cache_dir}"]}
+        with held(root, params["token"], "deploy", "compile cache"):
+            mark(cache_dir, params["wanted"] or {})
+        return {"changed": True, "done": [f"recorded what built {cache_dir}"]}
+    clear, clear_all = params["clear"], params["clear_all"]
+    done = prepare(root, cache_dir, clear, clear_all, dry_run=True)
+    if done and not module.check_mode:
+        with held(root, params["token"], "deploy", "compile cache"):
+            done = prepare(root, cache_dir, clear, clear_all, dry_run=False)
+    result: dict = {"changed": bool(done), "done": done}
+    if params["wanted"] is not None:
+        result["warm_needed"] = bool(done) or warm_needed(cache_dir, params["wanted"])
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "root": {"type": "path", "required": True},
+            "cache_dir": {"type": "path", "required": True},
+            "state": {"type": "str", "choices": ["prepared", "recorded"], "default": "prepared"},
+            "clear": {"type": "bool", "default": False},
+            "clear_all": {"type": "bool", "default": False},
+            "wanted": {"type": "dict"},
+            "token": {"type": "str", "no_log": False},
+        },
+        required_if=[("state", "recorded", ["wanted"])],
+        supports_check_mode=True,
+    )
+    try:
+        module.exit_json(**run(module))
+    except (LockError, OSError) as err:
+        module.fail_json(msg=str(err))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+# The compile cache of a build (TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR under
+# <root>/cache/<fingerprint>), owned here: the fingerprint that names its folder, its marker
+# (built-by.json: what built it, written after a warmup), what a read of it reports, the
+# changes a deploy makes to it, and what verify says of it. The controller (naming the folder,
+# verify's findings) and the target (dflash_facts, the dflash_compile_cache module) use the
+# same rules. Standard library only.
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+
+try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
+    from ansible.module_utils.dflash_findings import finding
+    from ansible.module_utils.dflash_state import CACHE, TMP_PREFIX, read_json
+except ImportError:  # in a controller filter, which puts module_utils/ on sys.path
+    from dflash_findings import finding
+    from dflash_state import CACHE, TMP_PREFIX, read_json
+
+MARKER = "built-by.json"
+MODES = ("keep", "clear", "warm")
+
+
+def identity(lock: dict | None, gpu: str | None, tree_sha256: str) -> dict:
+    """What a cache is only ever used by: the torch, Triton and CUDA of the env lock, the GPU
+    model (the first GPU's name; 'cpu' without one) and the release tree."""
+    lock = lock or {}
+    return {
+        "torch": lock.get("torch"),
+        "triton": lock.get("triton"),
+        "cuda": lock.get("cuda"),
+        "gpu": gpu or "cpu",
+        "tree_sha256": tree_sha256,
+    }
+
+
+def fingerprint(built_by: dict) -> str:
+    # json.dumps with its default separators, as Ansible's to_json wrote it when the name was
+    # computed in Jinja: the folders of earlier deployments keep their names.
+    return hashlib.sha256(json.dumps(built_by).encode()).hexdigest()[:16]
+
+
+def folder(root: str, built_by: dict) -> str:
+    return os.path.join(root, CACHE, fingerprint(built_by))
+
+
+def read(root: str, cache_dir: str | None) -> dict | None:
+    """The cache folder a deployment uses: whether it exists, its marker, and every cache
+    folder under the root; None when the deployment names none."""
+    if not cache_dir:
+        return None
+    parent = os.path.join(root, CACHE)
+    return {
+        "path": cache_dir,
+        "exists": os.path.isdir(cache_dir),
+        "built_by": read_json(os.path.join(cache_dir, MARKER)),
+        "all": sorted(os.listdir(parent)) if os.path.isdir(parent) else [],
+    }
+
+
+def prepare(root: str, cache_dir: str, clear: bool, clear_all: bool, dry_run: bool) -> list[str]:
+    """Clear the cache (every fingerprint's with clear_all) and make sure the folder exists;
+    what was done, one line each ([] when nothing changed)."""
+    done = []
+    doomed = os.path.join(root, CACHE) if clear_all else cache_dir
+    if clear and os.path.lexists(doomed):
+        done.append(f"removed {doomed}")
+        if not dry_run:
+            shutil.rmtree(doomed)
+    if dry_run and done:
+        return [*done, f"created {cache_dir}"]
+    if not os.path.isdir(cache_dir):
+        done.append(f"created {cache_dir}")
+        if not dry_run:
+            os.makedirs(cache_dir, mode=0o755)
+    return done
+
+
+def warm_needed(cache_dir: str, wanted: dict) -> bool:
+    """Whether a warmup must run: the marker does not record exactly this build and these
+    warmup flags (a marker is written only after a warmup completed)."""
+    return read_json(os.path.join(cache_dir, MARKER)) != wanted
+
+
+def mark(cache_dir: str, built_by: dict) -> None:
+    """Record what built the cache, whole or not at all."""
+    tmp = os.path.join(cache_dir, f"{TMP_PREFIX}{MARKER}-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(built_by, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, os.path.join(cache_dir, MARKER))
+
+
+def findings(cache: dict | None, tree: str | None, lock: dict, processes: list[dict]) -> list[dict]:
+    """verify's `cache` findings: the deployment's cache folder is gone, a cache of another
+    build is in place, or a running trainer uses another folder."""
+    if not cache:
+        return []
+    out = []
+    if not cache.get("exists"):
+        out.append(
+            finding(
+                "cache", cache["path"], "missing", "deploy.yml creates it again", path=cache["path"]
+            )
+        )
+    built = cache.get("built_by")
+    if built and (built.get("tree_sha256") != tree or built.get("torch") != lock.get("torch")
+                  or built.get("triton") != lock.get("triton")):  # fmt: skip
+        out.append(
+            finding(
+                "cache",
+                f"built by torch {lock.get('torch')} for tree {str(tree)[:12]}",
+                f"built by torch {built.get('torch')} for tree "
+                f"{str(built.get('tree_sha256'))[:12]}",
+                "a cache of another build is in place; deploy.yml -e dflash_compile_cache=clear",
+                path=cache["path"],
+            )
+        )
+    for proc in processes:
+        if proc.get("cache_dir") and proc["cache_dir"] != cache["path"]:
+            out.append(
+                finding(
+                    "cache",
+                    cache["path"],
+                    f"pid {proc['pid']} uses {proc['cache_dir']}",
+                    "restart it through deploy.yml -e dflash_restart=true",
+                    pid=proc["pid"],
+                )
+            )
+    return out
