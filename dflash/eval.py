@@ -10,7 +10,8 @@ each prompt's mean acceptance length (the figure the benchmark prints), and `tau
 acceptance lengths over all verification steps (1 = no speed-up).
 
 The drafter is a training checkpoint (a file, or a folder's newest one) or a published or
-exported DFlash drafter folder (`dflash.public_format`).
+exported DFlash drafter folder (`dflash.public_format`). Just over 300 lines: the benchmark's
+rules, the drafter's loading and the CLI read best side by side.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ own memory does not grow with the data set. (A memory map would give the same sh
 kernels with large page-cache folios each fault maps up to 2 MB around the sample, so every
 process's resident size would climb toward the store's size over an epoch.) `content_sha256`
 names the data: the hash of the three arrays that define it (first_anchor is derived).
+Just over 300 lines: the format, its reading and its manifest belong together; writing a store
+is dflash/store_writer.py's.
 """
 
 from __future__ import annotations

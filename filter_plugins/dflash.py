@@ -1,22 +1,13 @@
-# Controller-side filters: verify findings from a facts document (DESIGN.md "Verify report"),
-# and the release-name and lock checks that preflight runs before anything changes.
+# Controller-side filters: verify's findings from a facts document (DESIGN.md "Verify report")
+# and its table. The checks of the inputs are filter_plugins/dflash_inputs.py's. Just over 300
+# lines: one function a kind of finding, read together as verify's one rule book.
 from __future__ import annotations
 
 from dflash_compile_cache import findings as cache_findings
 from dflash_data import changed_under, identity, recorded
-from dflash_env_lock import lock_id, lock_problems
 from dflash_findings import finding
-from dflash_layout import (
-    LayoutError,
-    data_flags,
-    env_warnings,
-    gpu_layout,
-    trainer_env,
-    trainer_flags,
-)
 from dflash_lines import last_deployment
 from dflash_lockfile import describe, holder_alive
-from dflash_release import release_id_problem
 from dflash_states import ALIVE
 
 
@@ -317,38 +308,11 @@ def dflash_report_lines(findings: list[dict]) -> list[str]:
     return lines
 
 
-def dflash_run_spec(data: dict) -> dict:
-    """What run.sh will say, validated: GPU layout, trainer flags (one [flag, value?] group
-    per line of run.sh) and environment; `problems` lists every bad input, each naming the
-    value and the fix, `warnings` what is allowed but changes what runs."""
-    spec: dict = {"problems": []}
-    checks = {
-        # The trainer's --cpu-ranks (tests) lays the GPU ranks out on the CPU: no GPU needed.
-        "layout": lambda: gpu_layout(
-            data.get("target_gpus"), data.get("drafter_gpus"), bool(data.get("colocated")),
-            None if (data.get("args") or {}).get("cpu_ranks") else data.get("visible"),
-        ),
-        "flags": lambda: trainer_flags(data.get("args") or {}) + data_flags(data.get("data")),
-        "env": lambda: trainer_env(data.get("env") or {}),
-    }  # fmt: skip
-    for key, check in checks.items():
-        try:
-            spec[key] = check()
-        except LayoutError as err:
-            spec["problems"].append(str(err))
-    spec["warnings"] = env_warnings(spec.get("env") or {})
-    return spec
-
-
 class FilterModule:
     def filters(self) -> dict:
         return {
             "dflash_findings": dflash_findings,
             "dflash_report_lines": dflash_report_lines,
-            "dflash_release_problem": release_id_problem,
-            "dflash_env_lock_problems": lock_problems,
-            "dflash_lock_id": lock_id,
-            "dflash_run_spec": dflash_run_spec,
             "dflash_data_record": recorded,
             "dflash_data_identity": identity,
         }

@@ -1,11 +1,24 @@
-# Controller-side filter: inventory and -e variables that look like ours but that no part of
-# the toolkit reads (a typo such as dflash_keep_release is otherwise silently ignored).
+# Controller-side filters of the inputs, before anything changes: what run.sh will say (the GPU
+# layout, trainer flags and environment, each bad value named), the release name and the env
+# lock; inventory and -e variables that look like ours but that no part of the toolkit reads (a
+# typo such as dflash_keep_release is otherwise silently ignored), and renamed ones.
 from __future__ import annotations
 
 import difflib
 import functools
 import re
 from pathlib import Path
+
+from dflash_env_lock import lock_id, lock_problems
+from dflash_layout import (
+    LayoutError,
+    data_flags,
+    env_warnings,
+    gpu_layout,
+    trainer_env,
+    trainer_flags,
+)
+from dflash_release import release_id_problem
 
 REPO = Path(__file__).resolve().parent.parent
 _NAME = re.compile(r"\bdflash_[a-z0-9_]+\b")
@@ -58,6 +71,36 @@ def renamed_vars(names: list[str]) -> list[str]:
     ]
 
 
+def dflash_run_spec(data: dict) -> dict:
+    """What run.sh will say, validated: GPU layout, trainer flags (one [flag, value?] group
+    per line of run.sh) and environment; `problems` lists every bad input, each naming the
+    value and the fix, `warnings` what is allowed but changes what runs."""
+    spec: dict = {"problems": []}
+    checks = {
+        # The trainer's --cpu-ranks (tests) lays the GPU ranks out on the CPU: no GPU needed.
+        "layout": lambda: gpu_layout(
+            data.get("target_gpus"), data.get("drafter_gpus"), bool(data.get("colocated")),
+            None if (data.get("args") or {}).get("cpu_ranks") else data.get("visible"),
+        ),
+        "flags": lambda: trainer_flags(data.get("args") or {}) + data_flags(data.get("data")),
+        "env": lambda: trainer_env(data.get("env") or {}),
+    }  # fmt: skip
+    for key, check in checks.items():
+        try:
+            spec[key] = check()
+        except LayoutError as err:
+            spec["problems"].append(str(err))
+    spec["warnings"] = env_warnings(spec.get("env") or {})
+    return spec
+
+
 class FilterModule:
     def filters(self) -> dict:
-        return {"dflash_unknown_vars": unknown_vars, "dflash_renamed_vars": renamed_vars}
+        return {
+            "dflash_unknown_vars": unknown_vars,
+            "dflash_renamed_vars": renamed_vars,
+            "dflash_run_spec": dflash_run_spec,
+            "dflash_release_problem": release_id_problem,
+            "dflash_env_lock_problems": lock_problems,
+            "dflash_lock_id": lock_id,
+        }

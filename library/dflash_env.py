@@ -1,5 +1,6 @@
 #!/usr/bin/python
-# Builds envs/<lock-id> holding exactly the locked wheels, and proves it.
+# Builds envs/<lock-id> holding exactly the locked wheels, and proves it. Over 300 lines with its
+# ~80 lines of DOCUMENTATION; the code (~280) is one build: venv, pip, proof, marker, swap.
 from __future__ import annotations
 
 DOCUMENTATION = r"""

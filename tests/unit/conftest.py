@@ -36,6 +36,7 @@ def _load(name: str, path) -> None:
 
 
 _load("dflash_filters", REPO / "filter_plugins" / "dflash.py")
+_load("dflash_input_filters", REPO / "filter_plugins" / "dflash_inputs.py")
 _load("dflash_history_filters", REPO / "filter_plugins" / "dflash_history.py")
 _load("dflash_verify_filters", REPO / "filter_plugins" / "dflash_verify.py")
 _load("dflash_verify_gpu_filters", REPO / "filter_plugins" / "dflash_verify_gpu.py")

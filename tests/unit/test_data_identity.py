@@ -18,7 +18,8 @@ from ansible.module_utils.dflash_data import (
     read_data,
     recorded,
 )
-from dflash_filters import data_findings, dflash_run_spec
+from dflash_filters import data_findings
+from dflash_input_filters import dflash_run_spec
 from test_deploy_work import STATE, work
 
 from dflash.store_writer import StoreWriter

@@ -1,0 +1,74 @@
+# The trainer's runs under a state root: trainer.json (which run the launcher started, and
+# how it was stopped), a new run's folder and id, runs/latest, and starting run.sh detached
+# from the module that starts it. Standard library only.
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from datetime import datetime, timezone
+
+from ansible.module_utils.dflash_procs import ROOT_MARKER
+from ansible.module_utils.dflash_state import (
+    RUNS,
+    STATUS,
+    TMP_PREFIX,
+    TRAIN_LOG,
+    read_json,
+    run_path,
+)
+
+TRAINER_FILE = "trainer.json"
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def recorded_status(root: str) -> dict:
+    """The status.json of the trainer trainer.json names ({} without one)."""
+    run_id = (read_json(os.path.join(root, TRAINER_FILE)) or {}).get("run_id")
+    return (read_json(run_path(root, run_id, STATUS)) or {}) if run_id else {}
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    tmp = f"{path}.{TMP_PREFIX}{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2)
+    os.replace(tmp, path)
+
+
+def new_run_id(release: str) -> str:
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S%fZ}-{release}"
+
+
+def point_latest(root: str, run_id: str) -> None:
+    tmp = os.path.join(root, RUNS, f"{TMP_PREFIX}latest-{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    os.symlink(run_id, tmp)
+    os.replace(tmp, os.path.join(root, RUNS, "latest"))
+
+
+def start_run(root: str, release: str, run_sh: str) -> tuple[subprocess.Popen, str, str]:
+    """Start run.sh detached, in a new run folder (runs/<run id>, and runs/latest to it), its
+    output into the run's train.log; the process, the run id and the log's path."""
+    run_id = new_run_id(release)
+    run_dir = os.path.join(root, RUNS, run_id)
+    os.makedirs(run_dir)
+    log_path = os.path.join(run_dir, TRAIN_LOG)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/root"),
+        "LANG": os.environ.get("LANG", "C.UTF-8"),
+        "DFLASH_RUN_ID": run_id,
+        ROOT_MARKER: os.path.realpath(root),
+    }
+    with open(log_path, "xb") as log:
+        proc = subprocess.Popen(
+            ["/bin/bash", run_sh], cwd=root, env=env, stdin=subprocess.DEVNULL,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+        )  # fmt: skip
+    point_latest(root, run_id)
+    return proc, run_id, log_path
