@@ -86,10 +86,9 @@ def run(module: AnsibleModule) -> dict:
     if os.path.dirname(cache_dir) != os.path.join(os.path.normpath(root), CACHE):
         module.fail_json(msg=f"cache_dir {cache_dir} is not a folder of {root}/{CACHE}")
     if params["state"] == "recorded":
-        if module.check_mode:
-            return {"changed": True, "done": [f"recorded what built {cache_dir}"]}
-        with held(root, params["token"], "deploy", "compile cache"):
-            mark(cache_dir, params["wanted"] or {})
+        if not module.check_mode:
+            with held(root, params["token"], "deploy", "compile cache"):
+                mark(cache_dir, params["wanted"])
         return {"changed": True, "done": [f"recorded what built {cache_dir}"]}
     clear, clear_all = params["clear"], params["clear_all"]
     done = prepare(root, cache_dir, clear, clear_all, dry_run=True)

@@ -200,7 +200,6 @@ from ansible.module_utils.dflash_runs import (
     recorded_status,
     start_run,
     utc_now,
-    write_json_atomic,
 )
 from ansible.module_utils.dflash_state import (
     GOOD_RESULTS,
@@ -214,6 +213,7 @@ from ansible.module_utils.dflash_state import (
     read_manifest,
     read_run_script,
     run_path,
+    write_json_atomic,
 )
 
 

@@ -13,13 +13,12 @@ import shutil
 
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     from ansible.module_utils.dflash_findings import finding
-    from ansible.module_utils.dflash_state import CACHE, TMP_PREFIX, read_json
-except ImportError:  # in a controller filter, which puts module_utils/ on sys.path
+    from ansible.module_utils.dflash_state import CACHE, read_json, write_json_atomic
+except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
     from dflash_findings import finding
-    from dflash_state import CACHE, TMP_PREFIX, read_json
+    from dflash_state import CACHE, read_json, write_json_atomic
 
 MARKER = "built-by.json"
-MODES = ("keep", "clear", "warm")
 
 
 def identity(lock: dict | None, gpu: str | None, tree_sha256: str) -> dict:
@@ -85,10 +84,7 @@ def warm_needed(cache_dir: str, wanted: dict) -> bool:
 
 def mark(cache_dir: str, built_by: dict) -> None:
     """Record what built the cache, whole or not at all."""
-    tmp = os.path.join(cache_dir, f"{TMP_PREFIX}{MARKER}-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(built_by, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, os.path.join(cache_dir, MARKER))
+    write_json_atomic(os.path.join(cache_dir, MARKER), built_by)
 
 
 def findings(cache: dict | None, tree: str | None, lock: dict, processes: list[dict]) -> list[dict]:

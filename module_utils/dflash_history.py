@@ -18,7 +18,7 @@ try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
         rated,
         shape_of,
     )
-except ImportError:  # in a controller filter, which puts module_utils/ on sys.path
+except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
     from dflash_data import diff_fields
     from dflash_env_lock import pinned
     from dflash_state import GOOD_RESULTS as GOOD

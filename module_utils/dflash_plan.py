@@ -12,7 +12,7 @@ try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     from ansible.module_utils.dflash_lines import last_deployment
     from ansible.module_utils.dflash_procs import stopped
     from ansible.module_utils.dflash_states import TRAINING
-except ImportError:  # in a controller filter, which puts module_utils/ on sys.path
+except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
     from dflash_data import changed_under
     from dflash_lines import last_deployment
     from dflash_procs import stopped

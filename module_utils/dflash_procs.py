@@ -9,7 +9,7 @@ import time
 
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     from ansible.module_utils.dflash_state import STATUS, run_path
-except ImportError:  # in a controller filter, which puts module_utils/ on sys.path
+except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
     from dflash_state import STATUS, run_path
 
 ROOT_MARKER = "DFLASH_ROOT"

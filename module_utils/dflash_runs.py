@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 from datetime import datetime, timezone
@@ -30,13 +29,6 @@ def recorded_status(root: str) -> dict:
     """The status.json of the trainer trainer.json names ({} without one)."""
     run_id = (read_json(os.path.join(root, TRAINER_FILE)) or {}).get("run_id")
     return (read_json(run_path(root, run_id, STATUS)) or {}) if run_id else {}
-
-
-def write_json_atomic(path: str, data: dict) -> None:
-    tmp = f"{path}.{TMP_PREFIX}{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2)
-    os.replace(tmp, path)
 
 
 def new_run_id(release: str) -> str:

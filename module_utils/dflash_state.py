@@ -10,7 +10,7 @@ import shutil
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     from ansible.module_utils.dflash_lines import GOOD_RESULTS
     from ansible.module_utils.dflash_release import MANIFEST_NAME, release_id_problem, sha256_bytes
-except ImportError:  # in a controller filter, which puts module_utils/ on sys.path
+except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
     from dflash_lines import GOOD_RESULTS
     from dflash_release import MANIFEST_NAME, release_id_problem, sha256_bytes
 
@@ -56,6 +56,14 @@ def read_json(path: str) -> dict | None:
             return json.load(handle)
     except (OSError, ValueError):
         return None
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    """Write a JSON file whole or not at all (a temp file renamed over it)."""
+    tmp = f"{path}.{TMP_PREFIX}{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2)
+    os.replace(tmp, path)
 
 
 def read_manifest(folder: str) -> dict | None:
