@@ -8,6 +8,7 @@ this module decides what goes in them and what a resume makes of it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from dflash.options import drafter_differences
 from dflash.order import ShardedOrder
 from dflash.provenance import code_tree_sha256, release_name
 from dflash.public_format import PublicDrafter, is_drafter_folder, read_folder, target_problems
-from dflash.status import StatusFile
+from dflash.status import StatusFile, utc_now
 from dflash.target import load_target_config
 from dflash.trainer import Trainer
 
@@ -92,6 +93,7 @@ def save_checkpoint(
 ) -> None:
     """The trainer's state and what a resume checks against: the drafter (a resume with other
     model settings is refused), the data (another order starts anew) and the provenance."""
+    started = time.monotonic()
     status.write(state="checkpointing")
     extra: dict[str, Any] = {
         "drafter_config": trainer.drafter.cfg.as_dict(),
@@ -103,7 +105,12 @@ def save_checkpoint(
     }
     path = checkpoint.save(config.checkpoint_dir, trainer.step, {**trainer.state_dict(), **extra})
     checkpoint.prune(config.checkpoint_dir, config.keep_checkpoints)
-    status.write(state=state_after, checkpoint={"path": str(path), "step": trainer.step})
+    spent = status.snapshot()["checkpoint_seconds"] + time.monotonic() - started
+    status.write(
+        state=state_after,
+        checkpoint={"path": str(path), "step": trainer.step, "at": utc_now()},
+        checkpoint_seconds=round(spent, 3),
+    )
     log(f"checkpoint {path}")
 
 

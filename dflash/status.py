@@ -45,8 +45,16 @@ class StatusFile:
             "loss": None,
             "started_at": utc_now(),
             "updated_at": None,
-            "checkpoint": None,
+            "checkpoint": None,  # {path, step, at} of the newest checkpoint this run saved or read
+            "checkpoint_seconds": 0.0,  # spent saving checkpoints since this process started
             "stages": None,  # seconds per step by stage (dflash.stages), once steps run
+            # Step progress, which the supervisor (dflash.supervise) judges a hang by: a fresh
+            # heartbeat proves the process lives, only a new step proves it trains.
+            "first_step_at": None,
+            "last_step_at": None,
+            "step_s_median": None,
+            # Which start of this run the process is (0 first, 1 after the first restart...).
+            "attempt": int(os.environ.get("DFLASH_ATTEMPT", "0")),
         }
 
     def update(self, **fields: Any) -> None:

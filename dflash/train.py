@@ -10,9 +10,11 @@ drafter rank writes status.json, checkpoints and the step lines of the log.
 
 from __future__ import annotations
 
+import faulthandler
 import math
 import os
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -95,6 +97,11 @@ class Throughput:
         return self.steps[-1][0]
 
     @property
+    def median_step_s(self) -> float:
+        """The median step of the window: the supervisor's hang limit scales with it."""
+        return statistics.median(dt for dt, _ in self.steps)
+
+    @property
     def window(self) -> dict[str, int | None]:
         """status.json's `throughput_window`: the steps the figure covers and the window size;
         fewer steps than the size is an early figure (verify.yml does not judge it)."""
@@ -127,7 +134,11 @@ def train(config: TrainConfig, cluster: Cluster, status: StatusFile, stop: StopR
         tokens_per_s = throughput.add(num_tokens)  # the whole job's tokens: the same on every rank
         stages.add({**result.stages, "step": throughput.last_step_s})
         means = stages.means()
+        now = utc_now()
         status.update(
+            first_step_at=status.snapshot()["first_step_at"] or now,
+            last_step_at=now,
+            step_s_median=round(throughput.median_step_s, 4),
             step=result.step,
             loss=loss,
             tokens_per_s=round(tokens_per_s, 1),
@@ -178,6 +189,8 @@ def serve(config: TrainConfig, cluster: Cluster) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGUSR1 writes every thread's Python stack to the log: the supervisor's dump of a hang.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     code_tree_sha256()  # hash the code first: that is the code this process holds
     config = TrainConfig.from_args(train_parser().parse_args(argv))
     rank, world_size = torchrun_rank()

@@ -9,6 +9,7 @@ from dflash_findings import finding
 from dflash_lines import last_deployment
 from dflash_lockfile import describe, holder_alive
 from dflash_states import ALIVE
+from dflash_supervision import supervision_findings
 
 
 def lock_findings(facts: dict, stale_after: float) -> list[dict]:
@@ -148,8 +149,9 @@ def trainer_findings(facts: dict, heartbeat_max_age: float) -> list[dict]:
     groups: dict[int, list[dict]] = {}
     for proc in processes:
         groups.setdefault(proc.get("job", proc["pgid"]), []).append(proc)
-    out = []
-    if not groups and deployment.get("result") == "healthy":
+    out = supervision_findings(facts)
+    crash_loop = any(item["kind"] == "crash_loop" for item in out)
+    if not groups and deployment.get("result") == "healthy" and not crash_loop:
         record = (facts.get("trainers") or {}).get("record") or {}
         # stop.yml notes itself in trainer.json: a stop on purpose is not a crash to read up on.
         stopped_by = record.get("stopped_by")

@@ -15,6 +15,7 @@ from dflash_layout import (
     data_flags,
     env_warnings,
     gpu_layout,
+    supervise_flags,
     trainer_env,
     trainer_flags,
 )
@@ -84,6 +85,9 @@ def dflash_run_spec(data: dict) -> dict:
         ),
         "flags": lambda: trainer_flags(data.get("args") or {}) + data_flags(data.get("data")),
         "env": lambda: trainer_env(data.get("env") or {}),
+        "supervise": lambda: supervise_flags(
+            data.get("restart_policy", {}), data.get("hang_after", "auto")
+        ),
     }  # fmt: skip
     for key, check in checks.items():
         try:

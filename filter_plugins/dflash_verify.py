@@ -9,6 +9,7 @@ from dflash_data import length_shift
 from dflash_findings import finding
 from dflash_gpu import judge_facts
 from dflash_states import STEPPING
+from dflash_supervision import supervision_line, supervision_view
 
 # The trainer's window (dflash/train.py Throughput) for status files that do not say it.
 DEFAULT_WINDOW = 20
@@ -218,6 +219,7 @@ def verify_summary(facts: dict, min_ratio: float = 0.8, heartbeat_max_age: float
     )
     return {
         "trainer": trainer_summary(facts),
+        "supervision": supervision_view(facts),
         "throughput": throughput,
         "gpu": {key: gpus[key] for key in ("applies", "why", "gpus", "pids") if key in gpus},
         "checks": {"throughput": throughput["note"], "gpu": gpu_check},
@@ -242,6 +244,9 @@ def verify_summary_lines(summary: dict) -> list[str]:
             f"{'-' if trainer['step'] is None else trainer['step']}, "
             f"up {trainer['age_s']} s, status.json {trainer['heartbeat_age_s']} s old"
         )
+    supervision = supervision_line(summary.get("supervision"))
+    if supervision:
+        lines.append(supervision)
     slowest = speed.get("slowest_stage")
     lines.append(
         f"tokens/s: now {_speed(speed['tokens_per_s'])} | health check "

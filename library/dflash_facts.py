@@ -222,6 +222,7 @@ from ansible.module_utils.dflash_state import (
     ENVS,
     RELEASES,
     STATUS,
+    SUPERVISOR,
     current_release,
     deployment_index,
     previous_deployment,
@@ -273,7 +274,10 @@ def trainers(root: str) -> dict:
             "status": status,
             "heartbeat_age_s": age_seconds((status or {}).get("updated_at")),
         })  # fmt: skip
-    return {"record": record, "processes": processes}
+    # The supervisor of the recorded run (dflash/supervise.py): its restarts and goodput.
+    run_id = (record or {}).get("run_id")
+    supervisor = read_json(run_path(root, run_id, SUPERVISOR)) if run_id else None
+    return {"record": record, "processes": processes, "supervisor": supervisor}
 
 
 def environment(root: str, lock_id: str | None, lock: dict | None = None) -> dict | None:

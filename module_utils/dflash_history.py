@@ -10,6 +10,7 @@ from collections.abc import Callable
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     from ansible.module_utils.dflash_data import diff_fields
     from ansible.module_utils.dflash_env_lock import pinned
+    from ansible.module_utils.dflash_lines import DEPLOY_ACTIONS
     from ansible.module_utils.dflash_state import GOOD_RESULTS as GOOD
     from ansible.module_utils.dflash_state import deployment_index
     from ansible.module_utils.dflash_throughput import (
@@ -21,6 +22,7 @@ try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
 except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
     from dflash_data import diff_fields
     from dflash_env_lock import pinned
+    from dflash_lines import DEPLOY_ACTIONS
     from dflash_state import GOOD_RESULTS as GOOD
     from dflash_state import deployment_index
     from dflash_throughput import fastest_comparable, fastest_of, rated, shape_of
@@ -96,7 +98,7 @@ def select(history: list[dict], current: str | None, selector: str) -> int:
         index = int(text) - 1 if 1 <= int(text) <= len(history) else None
         if index is not None and not _deployment(history[index]):
             raise SelectorError(
-                f"#{text} of history.jsonl is an {history[index].get('action')}, not a "
+                f"#{text} of history.jsonl is the {history[index].get('action')} line, not a "
                 f"deployment; use {SELECTORS}"
             )
     else:
@@ -110,8 +112,9 @@ def select(history: list[dict], current: str | None, selector: str) -> int:
 
 
 def _deployment(entry: dict) -> bool:
-    """A deploy or rollback line; an export line records a drafter leaving, not code arriving."""
-    return entry.get("action") != "export"
+    """A deploy or rollback line; an export line records a drafter leaving and a restart line
+    the supervisor starting the same deployment again, not code arriving."""
+    return entry.get("action", "deploy") in DEPLOY_ACTIONS
 
 
 def _identity(entry: dict) -> tuple:

@@ -176,3 +176,53 @@ def env_warnings(env: dict[str, str]) -> list[str]:
         for name in CODE_CHANGING_ENV
         if name in env
     ]
+
+
+# dflash_restart_policy's keys and defaults (roles/dflash/defaults/main.yml says the same).
+RESTART_POLICY = {"enabled": True, "max_restarts": 5, "window": 3600, "backoff": 10,
+                  "backoff_max": 300}  # fmt: skip
+
+
+def supervise_flags(policy: object, hang_after: object) -> list[list[str]]:
+    """run.sh's flags of python -m dflash.supervise for dflash_restart_policy and
+    dflash_hang_after; a bad value raises, naming it and the fix."""
+    if not isinstance(policy, dict) or set(policy) - RESTART_POLICY.keys():
+        raise LayoutError(
+            f"dflash_restart_policy {policy!r} must be a mapping with the keys "
+            f"{', '.join(RESTART_POLICY)} (e.g. {{max_restarts: 5, window: 3600}})"
+        )
+    merged = {**RESTART_POLICY, **policy}
+    if not isinstance(merged["enabled"], bool):
+        raise LayoutError(f"dflash_restart_policy.enabled {merged['enabled']!r}: true or false")
+    numbers = {}
+    for key in ("max_restarts", "window", "backoff", "backoff_max"):
+        value = merged[key]
+        least = 0 if key == "max_restarts" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise LayoutError(
+                f"dflash_restart_policy.{key} {value!r} must be a whole number of "
+                f"{'restarts' if key == 'max_restarts' else 'seconds'}, {least} or more"
+            )
+        numbers[key] = value
+    if numbers["backoff_max"] < numbers["backoff"]:
+        raise LayoutError(
+            f"dflash_restart_policy.backoff_max {numbers['backoff_max']} is under backoff "
+            f"{numbers['backoff']}: the back-off doubles from backoff up to backoff_max"
+        )
+    if isinstance(hang_after, str) and hang_after.isdigit():  # -e dflash_hang_after=600
+        hang_after = int(hang_after)
+    ok_hang = hang_after == "auto" or (
+        isinstance(hang_after, int) and not isinstance(hang_after, bool) and hang_after >= 1
+    )
+    if not ok_hang:
+        raise LayoutError(
+            f"dflash_hang_after {hang_after!r} must be auto (10 median steps, at least 300 s) "
+            "or a whole number of seconds, 1 or more"
+        )
+    return [
+        ["--max-restarts", str(numbers["max_restarts"] if merged["enabled"] else 0)],
+        ["--window", str(numbers["window"])],
+        ["--backoff", str(numbers["backoff"])],
+        ["--backoff-max", str(numbers["backoff_max"])],
+        ["--hang-after", str(hang_after)],
+    ]

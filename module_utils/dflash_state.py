@@ -27,6 +27,8 @@ ENVS = "envs"
 CACHE = "cache"
 # In runs/<run id>/: the trainer's heartbeat and its log.
 STATUS = "status.json"
+# The trainer's supervisor's record of a run: restarts, goodput (dflash/supervise.py).
+SUPERVISOR = "supervisor.json"
 TRAIN_LOG = "train.log"
 
 

@@ -47,6 +47,13 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def parent_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
 def status_of(root: Path) -> dict:
     return read_json(root / "runs" / "latest" / "status.json") or {}
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from tests.helpers import build_wheel
-from tests.integration.conftest import add_release, read_json
+from tests.integration.conftest import add_release, read_json, status_of
 
 
 def kinds(run) -> dict[str, list[dict]]:
@@ -81,15 +81,17 @@ def test_each_drift_is_found_and_named(deploy, trainer_repo, playbook, target_ro
         os.killpg(second.pid, signal.SIGKILL)
         second.wait()
 
-    # heartbeat_stale: the trainer frozen (SIGSTOP), so its status.json stops moving
+    # heartbeat_stale: the trainer frozen (SIGSTOP), so its status.json stops moving (its
+    # supervisor, trainer.json's pid, restarts it only after the hang limit: 300 s here)
     pid = read_json(target_root / "trainer.json")["pid"]
-    os.kill(pid, signal.SIGSTOP)
+    trainer = status_of(target_root)["pid"]
+    os.kill(trainer, signal.SIGSTOP)
     try:
         time.sleep(4)
         [item] = kinds(verify(dflash_heartbeat_max_age=2))["heartbeat_stale"]
         assert item["pid"] == pid
     finally:
-        os.kill(pid, signal.SIGCONT)
+        os.kill(trainer, signal.SIGCONT)
 
     # stale_process: current switched to v2 while the v1 trainer keeps running
     add_release(trainer_repo, "v2", "dflash/__init__.py", "# v2\n")

@@ -58,10 +58,17 @@ def render(tmp_path: Path, check: bool = False, **variables) -> tuple[object, Pa
 
 
 def execute(run_sh: Path, tmp_path: Path) -> dict:
+    """What run.sh executes: the supervisor's flags under `supervise`, and under `argv` the
+    trainer command it supervises, after the interpreter (as if run.sh exec'd it directly)."""
     capture = tmp_path / "capture.json"
     env = {"PATH": os.environ["PATH"], "DFLASH_RUN_ID": "run-1", "CAPTURE": str(capture)}
     subprocess.run(["bash", str(run_sh)], env=env, check=True)
-    return json.loads(capture.read_text())
+    seen = json.loads(capture.read_text())
+    argv = seen["argv"]
+    assert argv[:2] == ["-m", "dflash.supervise"], argv
+    split = argv.index("--")
+    assert argv[split + 1] == str(tmp_path / "fake-python"), argv
+    return {**seen, "supervise": argv[2:split], "argv": argv[split + 2 :]}
 
 
 def test_field_layout_renders_as_documented(tmp_path):
@@ -209,4 +216,35 @@ def test_bad_layouts_and_values_are_refused(tmp_path, variables, expected):
     run, run_sh = render(tmp_path, **variables)
     assert run.rc != 0
     assert expected in " ".join(run.output.split())
+    assert not run_sh.exists()
+
+
+def test_the_restart_policy_is_the_supervisors_flags(tmp_path):
+    run, run_sh = render(
+        tmp_path, dflash_trainer_args={"target_model": "tiny"},
+        dflash_restart_policy={"max_restarts": 2, "backoff": 3}, dflash_hang_after="45",
+    )  # fmt: skip
+    assert run.rc == 0, run.output
+    flags = execute(run_sh, tmp_path)["supervise"]
+    # Keys left out keep their defaults; the dict is merged, not replaced.
+    assert flags == ["--max-restarts", "2", "--window", "3600", "--backoff", "3",
+                     "--backoff-max", "300", "--hang-after", "45"]  # fmt: skip
+    off, run_sh = render(tmp_path, dflash_trainer_args={"target_model": "tiny"},
+                         dflash_restart_policy={"enabled": False})  # fmt: skip
+    assert off.rc == 0, off.output
+    assert execute(run_sh, tmp_path)["supervise"][:2] == ["--max-restarts", "0"]
+
+
+@pytest.mark.parametrize(
+    ("variables", "named"),
+    [
+        ({"dflash_restart_policy": {"max_restart": 2}}, "dflash_restart_policy.max_restart"),
+        ({"dflash_restart_policy": {"backoff": 0}}, "dflash_restart_policy.backoff 0"),
+        ({"dflash_restart_policy": {"backoff": 60, "backoff_max": 30}}, "backoff_max 30"),
+        ({"dflash_hang_after": "soon"}, "dflash_hang_after 'soon'"),
+    ],
+)
+def test_a_bad_restart_policy_is_named(tmp_path, variables, named):
+    run, run_sh = render(tmp_path, dflash_trainer_args={"target_model": "tiny"}, **variables)
+    assert run.rc != 0 and named in run.output, run.output
     assert not run_sh.exists()

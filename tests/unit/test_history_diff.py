@@ -165,7 +165,17 @@ def test_a_failed_launch_goes_back_to_the_newest_healthy_deployment_that_is_not_
     assert restore_target([], ["v0"], "v0", "v1", "a") == {"release": "v0"}
 
 
-def test_export_lines_are_listed_but_never_taken_for_a_deployment():
+# The supervisor's lines (dflash/supervise.py): the same deployment started again.
+RESTARTS = [
+    {"time": "2026-11-30T13:05:00+00:00", "action": "restart", "release": "v2",
+     "tree_sha256": "tree-v2", "run_id": "r2", "result": result, "reason": "signal SIGKILL",
+     "steps_lost": 7}
+    for result in ("restarted", "failed", "crash_loop")
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("extra", [[], RESTARTS], ids=["export", "export-and-restarts"])
+def test_export_lines_are_listed_but_never_taken_for_a_deployment(extra):
     from ansible.module_utils.dflash_state import (
         deployment_index,
         previous_deployment,
@@ -178,10 +188,10 @@ def test_export_lines_are_listed_but_never_taken_for_a_deployment():
         "tree_sha256": "tree-v2", "lock_id": "lock-a", "result": "exported",
         "export": {"name": "v2-step40", "step": 40},
     }  # fmt: skip
-    history = [*HISTORY, export]
+    history = [*HISTORY, export, *extra]
     for selector, index in {"current": 3, "previous": 0, "fastest": 1, "last": 3, "v2": 3}.items():
         assert select(history, "v2", selector) == select(HISTORY, "v2", selector) == index
-    with pytest.raises(SelectorError, match=r"#5 of history\.jsonl is an export, not a deployment"):
+    with pytest.raises(SelectorError, match=r"#5 of history\.jsonl is the export line, not a"):
         select(history, "v2", "5")
     releases = ["v1", "v2", "v3"]
     assert deployment_index(history, "v2") == deployment_index(HISTORY, "v2") == 3
@@ -193,7 +203,12 @@ def test_export_lines_are_listed_but_never_taken_for_a_deployment():
              "current": {"release": "v2", "manifest": {"tree_sha256": "tree-v2"}}}  # fmt: skip
     assert release_findings(facts) == []
 
-    rows = listing(history)
+    for number in range(len(HISTORY) + 2, len(history) + 1):
+        with pytest.raises(SelectorError, match=rf"#{number} .* is the restart line"):
+            select(history, "v2", str(number))
+    rows = listing(history)[: len(HISTORY) + 1]
     assert (rows[-1]["action"], rows[-1]["result"]) == ("export", "exported")
     assert rows[-1]["export"]["name"] == "v2-step40"
     assert history_lines(rows)[-1].split()[2:4] == ["export", "v2"]
+    for row, line in zip(listing(history)[len(rows) :], extra, strict=True):
+        assert (row["action"], row["result"], row["release"]) == ("restart", line["result"], "v2")

@@ -84,8 +84,10 @@ prom_path:
 # Every finding kind (README.md, verify.yml): each is a series, 0 when absent, so an alert
 # on one kind needs no `absent()`.
 KINDS = ("code", "release", "stale_process", "duplicate_trainer", "not_running",
-         "heartbeat_stale", "environment", "run_script", "cache", "throughput", "gpu",
-         "data")  # fmt: skip
+         "heartbeat_stale", "hung", "crash_loop", "environment", "run_script", "cache",
+         "throughput", "gpu", "data")  # fmt: skip
+# The causes of lost time that supervisor.json's goodput names (dflash/goodput.py CAUSES).
+BADPUT = ("startup", "checkpoint", "lost", "hang", "down")
 VERDICTS = ("ok", "drift", "unreachable")
 JOB_VERDICTS = ("ok", "drift", "broken")
 REFERENCES = ("health_check", "fastest")
@@ -163,6 +165,8 @@ def host_figures(result: dict) -> dict[str, Any]:
         "step": trainer.get("step"),
         "trainer_age_s": trainer.get("age_s"),
         "status_age_s": trainer.get("heartbeat_age_s"),
+        "restarts": ((result.get("supervision") or {}).get("restarts") or {}).get("count"),
+        "goodput_ratio": ((result.get("supervision") or {}).get("goodput") or {}).get("ratio"),
     }
     figures.update({f"check.{name}": text for name, text in (result.get("checks") or {}).items()})
     return {name: value for name, value in figures.items() if value is not None}
@@ -205,6 +209,14 @@ def prometheus_text(report: dict[str, dict], now: float, jobs: dict | None = Non
     step = gauge("dflash_trainer_step", "The running trainer's training step.")
     age = gauge("dflash_trainer_status_age_seconds", "Age of the trainer's status.json.")
     stage = gauge("dflash_trainer_stage_seconds", "Seconds per step of each stage now.", "stage")
+    restarts = gauge("dflash_trainer_restarts", "Restarts of the current run by its supervisor.")
+    goodput = gauge(
+        "dflash_goodput_ratio",
+        "Share of the current run's wall time spent on training steps that were kept.",
+    )
+    badput = gauge(
+        "dflash_badput_seconds", "Seconds of the current run's wall time lost, by cause.", "cause"
+    )
     for host, result in sorted(report.items()):
         for name in VERDICTS:
             verdict.labels(host, name).set(int(result.get("verdict") == name))
@@ -230,6 +242,14 @@ def prometheus_text(report: dict[str, dict], now: float, jobs: dict | None = Non
             step.labels(host).set(trainer["step"])
         if trainer.get("heartbeat_age_s") is not None:
             age.labels(host).set(trainer["heartbeat_age_s"])
+        supervision = result.get("supervision") or {}
+        if supervision:
+            restarts.labels(host).set((supervision.get("restarts") or {}).get("count") or 0)
+        good = supervision.get("goodput") or {}
+        if good.get("ratio") is not None:
+            goodput.labels(host).set(good["ratio"])
+            for cause in BADPUT:
+                badput.labels(host, cause).set((good.get("badput_s") or {}).get(cause) or 0)
     job_verdict = Gauge(
         "dflash_job_verdict", "1 for the job's verdict, 0 for the others.", ("job", "verdict"),
         registry=registry,

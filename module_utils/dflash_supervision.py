@@ -1,0 +1,118 @@
+# What verify says of the trainer's supervision (dflash/supervise.py writes supervisor.json in
+# the run folder): restarts of the current deployment, its goodput, and the findings `hung`
+# and `crash_loop`. Standard library only: the controller's filters use it.
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
+    from ansible.module_utils.dflash_findings import finding
+except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
+    from dflash_findings import finding
+
+# The supervisor's automatic hang limit (dflash/supervise.py Policy.hang_limit).
+HANG_FLOOR_S = 300.0
+HANG_STEPS = 10
+
+
+def _age(stamp: str | None, now: float) -> float | None:
+    try:
+        return round(now - datetime.fromisoformat(str(stamp)).timestamp(), 1)
+    except ValueError:
+        return None
+
+
+def supervision_view(facts: dict) -> dict | None:
+    """The recorded run's supervision: state, restarts, last error and goodput; None for a run
+    started without the supervisor."""
+    record = (facts.get("trainers") or {}).get("supervisor")
+    if not record:
+        return None
+    return {
+        "state": record.get("state"),
+        "restarts": record.get("restarts") or {},
+        "last_error": record.get("last_error"),
+        "goodput": record.get("goodput"),
+        "hang_after_s": record.get("hang_after_s"),
+        "policy": record.get("policy"),
+        "updated_at": record.get("updated_at"),
+    }
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
+def supervision_line(view: dict | None) -> str | None:
+    """`restarts: 2 (last signal SIGKILL at ..., first step 7.9 s later) | goodput 93.1% of 3600
+    s: startup 40 s, checkpoint 2 s, lost 5 s, hang 0 s, down 10 s`, or None."""
+    if not view:
+        return None
+    restarts = view["restarts"]
+    count = restarts.get("count") or 0
+    text = f"restarts: {count}"
+    if count:
+        text += (
+            f" (last: {restarts.get('last_reason')} at {restarts.get('last_at')}, first step "
+            f"{_seconds(restarts.get('time_to_first_step_s'))} later)"
+        )
+    if view["state"] in ("backoff", "hung", "crash_loop"):
+        text += f", now {view['state'].replace('_', ' ')}"
+    good = view.get("goodput") or {}
+    if good.get("ratio") is not None:
+        causes = ", ".join(f"{k} {_seconds(v)}" for k, v in (good.get("badput_s") or {}).items())
+        text += f" | goodput {good['ratio'] * 100:.1f}% of {_seconds(good['wall_s'])}: {causes}"
+    return text
+
+
+def _hang_limit(view: dict | None, status: dict) -> float:
+    if view and view.get("hang_after_s"):
+        return float(view["hang_after_s"])
+    return max(HANG_STEPS * (status.get("step_s_median") or 0.0), HANG_FLOOR_S)
+
+
+def supervision_findings(facts: dict, now: float | None = None) -> list[dict]:
+    """`crash_loop`: the supervisor gave up (no trainer runs); `hung`: the recorded trainer's
+    process lives and its status says running, but no step was made within the hang limit."""
+    now = time.time() if now is None else now
+    trainers = facts.get("trainers") or {}
+    view = supervision_view(facts)
+    record = trainers.get("record") or {}
+    run_id = record.get("run_id")
+    log = f"runs/{run_id}/train.log"
+    out = []
+    processes = trainers.get("processes") or []
+    if view and view["state"] == "crash_loop" and not processes:
+        policy = view.get("policy") or {}
+        out.append(
+            finding(
+                "crash_loop",
+                "a trainer under its restart policy",
+                f"the trainer kept failing: {policy.get('max_restarts')} restarts within "
+                f"{policy.get('window_s', 0):g} s, last: {view.get('last_error')}",
+                f"read {log}, fix the cause, then deploy.yml -e dflash_restart=true",
+                run_id=run_id,
+            )
+        )
+    ours = [p for p in processes if p.get("run_id") == run_id and p.get("status")]
+    status = ours[0]["status"] if ours else {}
+    idle = _age(status.get("last_step_at"), now)
+    limit = _hang_limit(view, status)
+    if status.get("state") == "running" and idle is not None and idle > limit:
+        attempts = ((facts.get("trainers") or {}).get("supervisor") or {}).get("attempts") or []
+        dumped = (attempts[-1] if attempts else {}).get("hang_dump")
+        out.append(
+            finding(
+                "hung",
+                f"a training step within {limit:g} s (dflash_hang_after)",
+                f"no step for {idle:g} s: step {status.get('step')} was made at "
+                f"{status.get('last_step_at')}",
+                f"the stacks are in {log}; the supervisor restarts it"
+                if dumped
+                else "the supervisor dumps its stacks to "
+                f"{log} and restarts it (without a supervisor: deploy.yml -e dflash_restart=true)",
+                run_id=run_id,
+            )
+        )
+    return out
