@@ -254,7 +254,18 @@ class Supervisor:
         attempt["end_reason"] = reason
         if reason != "hung":
             self.observe(read_status(self.status_path))
+        if reason in ("crash", "hung"):
+            self.mark_failed(attempt, "hung" if reason == "hung" else how_ended(code))
         return code, reason
+
+    def mark_failed(self, attempt: dict[str, Any], how: str) -> None:
+        """A killed or hung trainer could not say it ended: status.json says so for it, so a
+        deploy during the back-off sees no trainer that trains (and starts one at once)."""
+        status = read_status(self.status_path)
+        if status.get("attempt", 0) != attempt["attempt"] or status.get("state") == "failed":
+            return
+        status.update(state="failed", error=f"{how} (status.json written by the supervisor)")
+        write_atomic(self.status_path, status)
 
     # -- restarts -------------------------------------------------------------------------
     def recent_restarts(self) -> int:

@@ -25,6 +25,15 @@ def _speed(value: Any) -> str:
     return f"{value:.0f}" if isinstance(value, (int, float)) else "-"
 
 
+def _result(row: dict) -> str:
+    """How it ended; for the supervisor's restart lines also why, and the steps lost."""
+    result = _short(row.get("result"))
+    if row.get("action") != "restart":
+        return result
+    lost = row.get("steps_lost")
+    return f"{result} ({row.get('reason')}" + (f", {lost} steps lost)" if lost else ")")
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
     return [
@@ -49,7 +58,7 @@ def history_lines(deployments: list[dict]) -> list[str]:
             _short(d.get("lock_id")),
             _layout(d.get("layout")),
             _short(d.get("data")),
-            _short(d.get("result")),
+            _result(d),
             _speed(d.get("tokens_per_s")),
         ]
         for d in deployments
@@ -80,6 +89,13 @@ def diff_lines(diff: dict) -> list[str]:
     speed = diff["throughput"]
     ratio = f" (x{speed['ratio']})" if speed.get("ratio") is not None else ""
     rows.append(["throughput", "tokens/s", _speed(speed["from"]), _speed(speed["to"]) + ratio])
+    restarts = diff.get("restarts") or {}
+    if restarts.get("from") or restarts.get("to"):
+        cells = []
+        for side in ("from", "to"):
+            seen = restarts.get(side) or []
+            cells.append(f"{len(seen)}" + (f", last {seen[-1]}" if seen else ""))
+        rows.append(["supervision", "restarts", *cells])
     lines.extend(_table(["section", "name", "from", "to"], rows))
     for _path, text in sorted(files["text"].items()):
         lines.extend(text.rstrip("\n").split("\n"))

@@ -55,6 +55,10 @@ def listing(history: list[dict]) -> list[dict]:
                 "data": _data_name(entry.get("data")),
                 "error": entry.get("error"),
                 "export": entry.get("export"),
+                # The supervisor's restart lines: why, and what the crash cost.
+                "reason": entry.get("reason"),
+                "steps_lost": entry.get("steps_lost"),
+                "time_to_first_step_s": entry.get("time_to_first_step_s"),
             }
         )
     return rows
@@ -232,7 +236,18 @@ def compare(
             "to": new_speed,
             "ratio": round(new_speed / old_speed, 3) if both and old_speed else None,
         },
+        "restarts": {"from": restarts_of(history, old), "to": restarts_of(history, new)},
     }
+
+
+def restarts_of(history: list[dict], deployment: dict) -> list[str]:
+    """The supervisor's restarts of a deployment's run, each as `reason (result)`."""
+    run_id = deployment.get("run_id")
+    return [
+        f"{e.get('reason')} ({e.get('result')})"
+        for e in history
+        if run_id and e.get("action") == "restart" and e.get("run_id") == run_id
+    ]
 
 
 def _release_fields(entry: dict) -> dict[str, object]:

@@ -6,7 +6,9 @@ same job over pct between two containers is tests/proxmox/test_job_pct.py."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import time
 from pathlib import Path
 
 import yaml
@@ -42,6 +44,7 @@ def job_inventory(tmp_path: Path, **per_host: dict) -> Path:
             "dflash_job_port": port, "dflash_target_gpus": [0], "dflash_drafter_gpus": [1],
             "dflash_trainer_args": JOB_ARGS, "dflash_trainer_env": {"GLOO_SOCKET_IFNAME": "lo"},
             "dflash_min_throughput_ratio": 0, "dflash_verify_min_throughput_ratio": 0,
+            "dflash_restart_policy": {"backoff": 2},
             **per_host.get(name, {}),
         }  # fmt: skip
     path = tmp_path / "inventory.yml"
@@ -52,6 +55,17 @@ def job_inventory(tmp_path: Path, **per_host: dict) -> Path:
 def run(tmp_path: Path, name: str, inventory: Path, **extravars: object):
     extravars.setdefault("dflash_verify_json", str(tmp_path / "verify.json"))
     return run_playbook(name, extravars, inventory=inventory)
+
+
+def wait_for_status(root: Path, predicate, timeout: float = 300) -> dict:
+    deadline = time.monotonic() + timeout
+    status: dict = {}
+    while time.monotonic() < deadline:
+        status = read_json(root / "runs" / "latest" / "status.json") or {}
+        if status and predicate(status):
+            return status
+        time.sleep(0.5)
+    raise AssertionError(f"{root}: status.json never matched; last: {status}")
 
 
 def history(root: Path) -> list[dict]:
@@ -79,6 +93,27 @@ def test_a_job_is_deployed_verified_and_rolled_back_as_one(tmp_path, trainer_rep
         assert job["verdict"] == "ok" and job["release"] == "v2", job
         assert [n["live"]["world_size"] for n in job["nodes"].values()] == [4, 4]
         assert "JOB j1: ok (2 hosts, release v2" in audit.output
+
+        # A crash on one host (n2's lead rank killed): n2's torchrun fails, n1's ranks lose
+        # their peer and fail too; each host's supervisor restarts its torchrun and the two
+        # meet again at the job's rendezvous, from the checkpoint, and both record it.
+        os.kill(read_json(tmp_path / "n2" / "runs" / "latest" / "status.json")["pid"], 9)
+
+        def rejoined(status: dict) -> bool:
+            whole = (status.get("job") or {}).get("world_size") == 4
+            return status.get("attempt", 0) >= 1 and status["state"] == "running" and whole
+
+        for host in HOSTS:
+            status = wait_for_status(tmp_path / host, rejoined)
+            assert status["job"]["rdzv_id"] == jobs["n1"]["rdzv_id"]
+        for host in HOSTS:
+            deadline = time.monotonic() + 60
+            while not [x for x in history(tmp_path / host) if x["action"] == "restart"]:
+                assert time.monotonic() < deadline, f"no restart line on {host}"
+                time.sleep(0.5)
+        audit = run(tmp_path, "verify.yml", inventory)
+        assert audit.rc == 0, audit.output
+        assert "restarts: " in audit.output
 
         # A rollback of part of a job is refused, naming the host left out.
         partial = run(tmp_path, "rollback.yml", inventory, dflash_hosts="n1")

@@ -85,6 +85,15 @@ def test_diff_names_exactly_the_changed_file_package_and_run_sh_value():
     assert diff["throughput"] == {"from": 1000.0, "to": 500.0, "ratio": 0.5}
     table = "\n".join(diff_lines(diff))
     assert "jinja2" in table and "trainer_args.max_steps" in table and "x0.5" in table
+    assert diff["restarts"] == {"from": [], "to": []} and "restarts" not in table
+    # The supervisor's restarts of each side's run (run_id), wherever they lie in history.
+    old["run_id"], new["run_id"] = "r1", "r2"
+    crash = {"action": "restart", "run_id": "r1", "reason": "signal SIGKILL", "result": "restarted"}
+    history = [old, crash, new, {**crash, "run_id": "r2", "reason": "hung"}]
+    diff = compare(history, 0, 2, manifests, lambda r, p: texts.get((r, p)))
+    assert diff["restarts"] == {"from": ["signal SIGKILL (restarted)"], "to": ["hung (restarted)"]}
+    [row] = [x for x in diff_lines(diff) if x.startswith("supervision")]
+    assert row.split()[:3] == ["supervision", "restarts", "1,"] and row.endswith("hung (restarted)")
 
 
 def store_data(sha: str, p50: int, samples: int = 1000, source_sha: str = "s1") -> dict:
@@ -212,3 +221,5 @@ def test_export_lines_are_listed_but_never_taken_for_a_deployment(extra):
     assert history_lines(rows)[-1].split()[2:4] == ["export", "v2"]
     for row, line in zip(listing(history)[len(rows) :], extra, strict=True):
         assert (row["action"], row["result"], row["release"]) == ("restart", line["result"], "v2")
+    for text, line in zip(history_lines(listing(history))[len(rows) + 1 :], extra, strict=True):
+        assert f"{line['result']} (signal SIGKILL, 7 steps lost)" in text

@@ -1,0 +1,194 @@
+"""`python -m dflash.supervise` over the real CPU trainer: a kill, a hang (SIGSTOP) and a trainer
+that fails at every start, each provoked for real; a stop during the back-off; goodput."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dflash.goodput import attempt_buckets, goodput
+
+from .conftest import FAST, REPO, argv, cli_env, read_status, wait_for_status
+
+RUN_ID = "run-1"
+
+
+class Supervised:
+    """The supervisor as run.sh starts it: its own session, output into the run's train.log."""
+
+    def __init__(self, root: Path, policy: list[str], trainer: list[str]) -> None:
+        self.root = root
+        self.run_dir = root / "runs" / RUN_ID
+        self.run_dir.mkdir(parents=True)
+        files = ["--checkpoint-dir", str(root / "checkpoints"), "--run-id", RUN_ID,
+                 "--status-file", str(self.run_dir / "status.json")]  # fmt: skip
+        trainer_command = [sys.executable, "-m", "dflash.train", *trainer, *files]
+        command = [sys.executable, "-m", "dflash.supervise", "--root", str(root), "--run-id",
+                   RUN_ID, *policy, "--", *trainer_command]  # fmt: skip
+        self.log = (self.run_dir / "train.log").open("wb")
+        self.proc = subprocess.Popen(
+            command, cwd=REPO, env=cli_env(), stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def status(self, predicate, timeout: float = 120) -> dict:
+        return wait_for_status(self.run_dir / "status.json", predicate, timeout)
+
+    def record(self) -> dict:
+        return read_status(self.run_dir / "supervisor.json") or {}
+
+    def history(self) -> list[dict]:
+        path = self.root / "history.jsonl"
+        return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+    def text(self) -> str:
+        return (self.run_dir / "train.log").read_text(errors="replace")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.log.close()
+
+
+TRAINER = [*FAST, "--max-steps", "100000", "--checkpoint-every", "5", "--status-interval", "0.2",
+           "--sleep-per-step", "0.05"]  # fmt: skip
+
+
+@pytest.fixture
+def supervised(tmp_path):
+    started: list[Supervised] = []
+
+    def start(policy: str, trainer: list[str] = TRAINER) -> Supervised:
+        started.append(Supervised(tmp_path / f"root{len(started)}", argv(policy), trainer))
+        return started[-1]
+
+    yield start
+    for item in started:
+        item.close()
+
+
+def running_past(step: int, attempt: int):
+    return lambda s: s.get("attempt") == attempt and s.get("state") == "running" and (
+        s.get("step", 0) > step
+    )  # fmt: skip
+
+
+def assert_goodput_adds_up(record: dict) -> None:
+    good = record["goodput"]
+    parts = good["productive_s"] + sum(good["badput_s"].values())
+    assert parts == pytest.approx(good["wall_s"], abs=0.01), good
+    assert all(value >= 0 for value in good["badput_s"].values()), good
+    assert 0 <= good["ratio"] <= 1
+
+
+def test_a_killed_trainer_is_back_from_its_checkpoint_and_the_restart_recorded(supervised):
+    run = supervised("--backoff 1 --hang-after 600")
+    first = run.status(running_past(7, 0))
+    killed_at = time.time()
+    os.kill(first["pid"], signal.SIGKILL)
+    back = run.status(running_past(0, 1), timeout=180)
+    assert back["pid"] != first["pid"] and back["resumed_from_step"] > 0
+    assert back["resumed_from_step"] <= first["step"]
+    deadline = time.monotonic() + 30
+    while not run.history() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    [line] = run.history()
+    assert (line["action"], line["result"]) == ("restart", "restarted")
+    assert line["reason"] == "signal SIGKILL"
+    assert line["run_id"] == RUN_ID and line["resumed_from_step"] == back["resumed_from_step"]
+    assert line["steps_lost"] == line["step"] - line["checkpoint_step"] >= 0
+    assert 0 < line["time_to_first_step_s"] < time.time() - killed_at + 1
+    record = run.record()
+    assert record["state"] == "running" and record["restarts"]["count"] == 1
+    assert record["restarts"]["last_reason"] == "signal SIGKILL"
+    assert [a["end_reason"] for a in record["attempts"][:1]] == ["crash"]
+    assert_goodput_adds_up(record)
+    assert record["goodput"]["badput_s"]["down"] >= 1  # the back-off
+    assert record["goodput"]["badput_s"]["startup"] > 0
+    assert record["goodput"]["productive_s"] > 0  # the steps up to its checkpoint were kept
+    # SIGTERM (stop.yml, a deploy): the trainer checkpoints and stops; nothing restarts.
+    os.killpg(run.proc.pid, signal.SIGTERM)
+    assert run.proc.wait(timeout=60) == 0
+    assert run.record()["state"] == "stopped" and len(run.history()) == 1
+    assert read_status(run.run_dir / "status.json")["state"] == "stopped"
+
+
+def test_a_hung_trainer_has_its_stacks_dumped_and_is_restarted(supervised):
+    run = supervised("--backoff 1 --hang-after 4")
+    first = run.status(running_past(3, 0))
+    os.kill(first["pid"], signal.SIGSTOP)  # alive, but no step will come
+    back = run.status(running_past(0, 1), timeout=180)
+    assert back["pid"] != first["pid"]
+    log = run.text()
+    assert "supervisor: hung: no step for" in log
+    # faulthandler's dump of the frozen trainer: its main thread inside the training loop.
+    dump = log.split("supervisor: hung:")[1]
+    assert "Thread 0x" in dump and "dflash/train.py" in dump and "in train" in dump
+    record = run.record()
+    assert record["attempts"][0]["end_reason"] == "hung"
+    assert record["attempts"][0]["hang_dump"] == str(run.run_dir / "train.log")
+    assert record["restarts"]["last_reason"] == "hung"
+    assert_goodput_adds_up(record)
+    assert record["goodput"]["badput_s"]["hang"] >= 4
+
+
+def test_a_trainer_failing_at_every_start_ends_in_a_crash_loop(supervised):
+    # GPUs 0 and 1 as target and drafter: no such GPUs here (CUDA missing, or one GPU).
+    broken = [*FAST, "--max-steps", "10", "--target-gpus", "0", "--drafter-gpus", "1"]
+    run = supervised("--max-restarts 2 --backoff 1 --backoff-max 2", broken)
+    assert run.proc.wait(timeout=300) != 0
+    record = run.record()
+    assert record["state"] == "crash_loop" and record["restarts"]["count"] == 2
+    assert len(record["attempts"]) == 3
+    assert record["last_error"].startswith("exit code 2: --")
+    lines = run.history()
+    assert [line["result"] for line in lines] == ["failed", "failed", "crash_loop"]
+    assert lines[-1]["restarts_in_window"] == 2 and lines[-1]["reason"] == "exit code 2"
+    assert "crash loop: the trainer ended (exit code 2: " in run.text()
+    # The waits doubled: 1 s, then 2 s (backoff_max), all of it down time.
+    assert record["goodput"]["badput_s"]["down"] >= 3 and record["goodput"]["productive_s"] == 0
+
+
+def test_a_stop_during_the_back_off_starts_nothing(supervised):
+    run = supervised("--backoff 60 --hang-after 600")
+    first = run.status(running_past(1, 0))
+    os.kill(first["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while run.record().get("state") != "backoff" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert run.record()["state"] == "backoff"
+    os.killpg(run.proc.pid, signal.SIGTERM)
+    assert run.proc.wait(timeout=30) == 0
+    record = run.record()
+    assert record["state"] == "stopped" and len(record["attempts"]) == 1
+    assert record["restarts"]["count"] == 0 and run.history() == []
+
+
+def test_goodput_buckets_follow_the_attempts():
+    def at(seconds: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(seconds))
+
+    crashed = {"started": 100, "ended": 200, "end_reason": "crash", "first_step_at": at(130),
+               "last_step_at": at(195), "checkpoint_at": at(180),
+               "checkpoint_seconds": 4}  # fmt: skip
+    assert attempt_buckets(crashed, now=1000) == {
+        "productive": 46, "startup": 30, "checkpoint": 4, "lost": 20, "hang": 0, "down": 0,
+    }  # fmt: skip
+    hung = {**crashed, "end_reason": "hung"}
+    assert attempt_buckets(hung, now=1000) | {"hang": 5, "lost": 15} == attempt_buckets(hung, 1000)
+    never = {"started": 210, "ended": 220, "end_reason": "crash"}
+    running = {"started": 230, "first_step_at": at(250), "checkpoint_seconds": 2}
+    result = goodput([crashed, never, running], started=90, now=300)
+    assert result["wall_s"] == 210
+    assert result["badput_s"] == {"startup": 30 + 10 + 20, "checkpoint": 4 + 2, "lost": 20,
+                                  "hang": 0, "down": 10 + 10 + 10}  # fmt: skip
+    assert result["productive_s"] == 46 + 48
+    assert result["ratio"] == pytest.approx(94 / 210, abs=1e-4)

@@ -1,0 +1,112 @@
+"""What verify makes of the supervisor's record (module_utils/dflash_supervision.py): the
+restarts and goodput line, `hung`, and `crash_loop` in place of `not_running`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
+import dflash_supervision
+import pytest
+from dflash_filters import dflash_findings
+from dflash_layout import LayoutError, supervise_flags
+from dflash_supervision import supervision_line
+from dflash_verify_filters import verify_summary, verify_summary_lines
+
+NOW = 1_800_000_000.0
+
+
+@pytest.fixture(autouse=True)
+def frozen_clock(monkeypatch):
+    monkeypatch.setattr(dflash_supervision, "time", SimpleNamespace(time=lambda: NOW))
+
+
+def at(seconds_ago: float) -> str:
+    return datetime.fromtimestamp(NOW - seconds_ago, UTC).isoformat()
+
+
+GOODPUT = {"wall_s": 3600.0, "productive_s": 3300.0, "ratio": 0.9167,
+           "badput_s": {"startup": 200.0, "checkpoint": 20.0, "lost": 50.0, "hang": 0.0,
+                        "down": 30.0}}  # fmt: skip
+
+
+def supervisor(**overrides) -> dict:
+    base = {
+        "state": "running", "hang_after_s": 60.0, "last_error": "signal SIGKILL",
+        "policy": {"max_restarts": 5, "window_s": 3600.0},
+        "restarts": {"count": 1, "last_reason": "signal SIGKILL", "last_at": at(600),
+                     "time_to_first_step_s": 12.5},
+        "attempts": [{"attempt": 0}, {"attempt": 1}], "goodput": GOODPUT,
+    }  # fmt: skip
+    base.update(overrides)
+    return base
+
+
+def facts(status: dict | None, record: dict | None, processes: bool = True) -> dict:
+    proc = {"pid": 100, "pgid": 100, "job": 100, "run_id": "r1", "status": status,
+            "release": "v2", "heartbeat_age_s": 0.5, "age_s": 4000}  # fmt: skip
+    return {
+        "root": "/opt/dflash", "root_exists": True,
+        "current": {"release": "v2", "link": "releases/v2", "dangling": False,
+                    "manifest": {"release": "v2", "tree_sha256": "t2"}},
+        "files": {"changed": [], "missing": [], "extra": []},
+        "history": [{"release": "v2", "tree_sha256": "t2", "result": "healthy"}],
+        "deployment": {"release": "v2", "tree_sha256": "t2", "result": "healthy"},
+        "trainers": {"record": {"pid": 100, "run_id": "r1"},
+                     "processes": [proc] if processes else [], "supervisor": record},
+    }  # fmt: skip
+
+
+def running(last_step_ago: float) -> dict:
+    return {"run_id": "r1", "state": "running", "step": 420, "code_tree_sha256": "t2",
+            "last_step_at": at(last_step_ago), "step_s_median": 0.5}  # fmt: skip
+
+
+def test_a_restarted_trainer_is_ok_and_its_restarts_and_goodput_are_shown():
+    found = facts(running(1), supervisor())
+    assert dflash_findings(found) == []
+    lines = verify_summary_lines(verify_summary(found))
+    [line] = [x for x in lines if x.startswith("restarts:")]
+    assert line.startswith(f"restarts: 1 (last: signal SIGKILL at {at(600)}, first step 12 s")
+    assert "| goodput 91.7% of 3600 s: startup 200 s, checkpoint 20 s, lost 50 s" in line
+    assert supervision_line(None) is None
+
+
+def test_no_step_past_the_hang_limit_is_hung_naming_step_and_log():
+    [item] = dflash_findings(facts(running(90), supervisor()))
+    assert item["kind"] == "hung"
+    assert item["expected"] == "a training step within 60 s (dflash_hang_after)"
+    assert item["found"] == f"no step for 90 s: step 420 was made at {at(90)}"
+    assert "runs/r1/train.log" in item["hint"]
+    assert dflash_findings(facts(running(50), supervisor())) == []
+    # Warming (compiling) is not judged; without a supervisor the automatic limit applies.
+    assert dflash_findings(facts({**running(900), "state": "warming"}, supervisor())) == []
+    assert [f["kind"] for f in dflash_findings(facts(running(301), None))] == ["hung"]
+    assert dflash_findings(facts(running(299), None)) == []
+
+
+def test_a_crash_loop_replaces_not_running_with_the_last_error():
+    gave_up = supervisor(state="crash_loop", last_error="exit code 1: RuntimeError: CUDA error")
+    [item] = dflash_findings(facts(None, gave_up, processes=False))
+    assert item["kind"] == "crash_loop"
+    assert item["found"] == ("the trainer kept failing: 5 restarts within 3600 s, last: exit code "
+                             "1: RuntimeError: CUDA error")  # fmt: skip
+    assert "runs/r1/train.log" in item["hint"] and "dflash_restart=true" in item["hint"]
+    # Stopped on purpose (stop.yml): not_running, as before.
+    stopped = dflash_findings(facts(None, supervisor(state="stopped"), processes=False))
+    assert [f["kind"] for f in stopped] == ["not_running"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "hang_after", "named"),
+    [
+        ({"window": "1h"}, "auto", "dflash_restart_policy.window '1h'"),
+        ({"max_restarts": -1}, "auto", "dflash_restart_policy.max_restarts -1"),
+        ({"enabled": "yes"}, "auto", "dflash_restart_policy.enabled 'yes'"),
+        ({}, 0, "dflash_hang_after 0"),
+        ({}, True, "dflash_hang_after True"),
+    ],
+)
+def test_bad_restart_settings_are_named(policy, hang_after, named):
+    with pytest.raises(LayoutError, match=named.replace(".", r"\.")):
+        supervise_flags(policy, hang_after)
