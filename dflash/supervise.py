@@ -178,12 +178,22 @@ class Supervisor:
         self.stop.set()
 
     # -- one start of the trainer ---------------------------------------------------------
-    def start(self) -> subprocess.Popen[bytes]:
+    def start(self) -> subprocess.Popen[bytes] | None:
+        """Start the trainer; None when it cannot even be started (its interpreter removed):
+        then the attempt has ended already, as a crash with exit code 127."""
         attempt = len(self.attempts)
         env = {**os.environ, "DFLASH_ATTEMPT": str(attempt)}
-        proc = subprocess.Popen(self.command, env=env)
-        self.attempts.append({"attempt": attempt, "pid": proc.pid, "started": time.time()})
+        self.attempts.append({"attempt": attempt, "started": time.time()})
         self.state = "running"
+        try:
+            proc = subprocess.Popen(self.command, env=env)
+        except OSError as exc:
+            self.attempts[-1].update(
+                ended=time.time(), exit=127, end_reason="crash", error=f"cannot start: {exc}"
+            )
+            log(f"cannot start {self.command[0]}: {exc}")
+            return None
+        self.attempts[-1]["pid"] = proc.pid
         return proc
 
     def observe(self, status: dict[str, Any]) -> None:
@@ -337,7 +347,11 @@ class Supervisor:
         while not self.stop.is_set():
             proc = self.start()
             self.save()
-            code, reason = self.supervise_one(proc)
+            if proc is None:
+                self._finish_restart_line(self.attempts[-1])
+                code, reason = 127, "crash"
+            else:
+                code, reason = self.supervise_one(proc)
             if reason in ("stopped", "finished"):
                 self.state = "stopped"
                 break

@@ -119,7 +119,8 @@ def test_a_job_is_deployed_verified_and_rolled_back_as_one(tmp_path, trainer_rep
         partial = run(tmp_path, "rollback.yml", inventory, dflash_hosts="n1")
         assert partial.rc != 0
         assert "job j1 spans n1, n2, but this run leaves out n2" in " ".join(partial.output.split())
-        assert history(tmp_path / "n1")[-1] == v2["n1"]
+        deployments = [x for x in history(tmp_path / "n1") if x["action"] != "restart"]
+        assert deployments[-1] == v2["n1"]
 
         back = run(tmp_path, "rollback.yml", inventory, **source)
         assert back.rc == 0, back.output

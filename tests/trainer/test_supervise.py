@@ -192,3 +192,20 @@ def test_goodput_buckets_follow_the_attempts():
                                   "hang": 0, "down": 10 + 10 + 10}  # fmt: skip
     assert result["productive_s"] == 46 + 48
     assert result["ratio"] == pytest.approx(94 / 210, abs=1e-4)
+
+
+def test_a_trainer_that_cannot_even_be_started_is_a_crash_loop_too(tmp_path):
+    """Its interpreter removed by hand: every start fails at once; the supervisor lives on."""
+    root = tmp_path / "root"
+    (root / "runs" / RUN_ID).mkdir(parents=True)
+    gone = str(tmp_path / "gone" / "python")
+    command = [sys.executable, "-m", "dflash.supervise", "--root", str(root), "--run-id", RUN_ID,
+               "--max-restarts", "1", "--backoff", "1", "--", gone]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 127, done.stdout + done.stderr
+    record = read_status(root / "runs" / RUN_ID / "supervisor.json")
+    assert record["state"] == "crash_loop" and len(record["attempts"]) == 2
+    assert record["last_error"].startswith("exit code 127: cannot start: [Errno 2]")
+    lines = [json.loads(x) for x in (root / "history.jsonl").read_text().splitlines()]
+    assert [line["result"] for line in lines] == ["failed", "crash_loop"]
