@@ -5,6 +5,7 @@ that name on the same host removes what a dead one left."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from dflash.errors import ConfigError
-from dflash.store import ARRAYS, manifest, write_manifest
+from dflash.store import ARRAYS, MANIFEST, manifest, write_manifest
 
 TEMP_MARK = ".prepare-"
 Say = Callable[[str], None]
@@ -173,7 +174,27 @@ def _put_in_place(temp: Path, out: Path) -> None:
     if out.exists():
         old = out.parent / f".{out.name}.replaced-{os.getpid()}"
         os.rename(out, old)
-    os.rename(temp, out)
+    try:
+        os.rename(temp, out)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        _copy_manifest_last(temp, out)
     _fsync_dir(out.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _copy_manifest_last(temp: Path, out: Path) -> None:
+    """Where a directory cannot be renamed (overlayfs, a container's root file system, answers
+    EXDEV): copy the store, its manifest last, so a copy cut short is no store (no manifest)."""
+    out.mkdir()
+    for item in sorted(temp.iterdir(), key=lambda path: path.name == MANIFEST):
+        shutil.copy2(item, out / item.name)
+    for name in os.listdir(out):
+        fd = os.open(out / name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    shutil.rmtree(temp)

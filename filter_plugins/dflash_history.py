@@ -25,6 +25,15 @@ def _speed(value: Any) -> str:
     return f"{value:.0f}" if isinstance(value, (int, float)) else "-"
 
 
+def _goodput(row: dict) -> str:
+    """`97.2% (1 restart)` of a deployment's run, as its supervisor recorded it."""
+    ratio = (row.get("goodput") or {}).get("ratio")
+    if ratio is None:
+        return "-"
+    count = row.get("restarts") or 0
+    return f"{ratio * 100:.1f}%" + (f" ({count} restart{'s' * (count != 1)})" if count else "")
+
+
 def _result(row: dict) -> str:
     """How it ended; for the supervisor's restart lines also why, and the steps lost."""
     result = _short(row.get("result"))
@@ -47,7 +56,7 @@ def history_lines(deployments: list[dict]) -> list[str]:
     if not deployments:
         return ["no deployments recorded"]
     header = ["#", "time", "action", "release", "tree", "lock", "layout", "data", "result",
-              "tokens/s"]  # fmt: skip
+              "tokens/s", "goodput"]  # fmt: skip
     rows = [
         [
             str(d["number"]),
@@ -60,6 +69,7 @@ def history_lines(deployments: list[dict]) -> list[str]:
             _short(d.get("data")),
             _result(d),
             _speed(d.get("tokens_per_s")),
+            _goodput(d),
         ]
         for d in deployments
     ]

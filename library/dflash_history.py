@@ -44,7 +44,11 @@ EXAMPLES = r"""
 
 RETURN = r"""
 deployments:
-  description: The deployments, oldest first, numbered from 1.
+  description:
+    - The lines of history.jsonl (deployments, exports, the supervisor's restarts), oldest
+      first, numbered from 1.
+    - A deployment whose run folder holds a supervisor.json also has C(goodput) (C(wall_s),
+      C(productive_s), C(ratio), C(badput_s) by cause) and C(restarts) (their count).
   type: list
   elements: dict
   returned: always
@@ -63,11 +67,15 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_history import SelectorError, compare, listing, select
+from ansible.module_utils.dflash_lines import DEPLOY_ACTIONS
 from ansible.module_utils.dflash_state import (
+    SUPERVISOR,
     current_release,
     read_history,
+    read_json,
     release_dir,
     release_manifests,
+    run_path,
 )
 
 
@@ -86,7 +94,15 @@ def run(params: dict) -> dict:
     root = params["root"]
     history = read_history(root)
     current, _link = current_release(root)
-    result = {"changed": False, "deployments": listing(history), "current": current}
+    rows = listing(history)
+    for row, entry in zip(rows, history, strict=True):
+        # The goodput of a deployment's run, as its supervisor last wrote it (a run folder
+        # removed by hand, or a run from before supervision, has none).
+        if entry.get("action", "deploy") in DEPLOY_ACTIONS and entry.get("run_id"):
+            record = read_json(run_path(root, entry["run_id"], SUPERVISOR)) or {}
+            row["goodput"] = record.get("goodput")
+            row["restarts"] = (record.get("restarts") or {}).get("count")
+    result = {"changed": False, "deployments": rows, "current": current}
     if params["diff_from"] or params["diff_to"]:
         old = select(history, current, params["diff_from"] or "previous")
         new = select(history, current, params["diff_to"] or "current")

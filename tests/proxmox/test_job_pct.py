@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 from tests.integration.conftest import add_release
 
@@ -34,13 +35,18 @@ def job_vars(bed) -> dict:
             "dflash_job": "j1", "dflash_job_address": "127.0.0.1", "dflash_job_port": port,
             "dflash_target_gpus": [0], "dflash_drafter_gpus": [1], "dflash_trainer_args": JOB_ARGS,
             "dflash_trainer_env": {"GLOO_SOCKET_IFNAME": "lo"},
+            "dflash_restart_policy": {"backoff": 2},
         }
         for vmid in bed.vmids
     }  # fmt: skip
 
 
-def history(bed, vmid: int, root: str) -> list[str]:
-    return bed.attach(vmid, "cat", f"{root}/history.jsonl").stdout.splitlines()
+def deployments(bed, vmid: int, root: str, action: str = "") -> list[dict]:
+    """history.jsonl's lines in a container: the deployments, or the lines of one action."""
+    lines = map(json.loads, bed.attach(vmid, "cat", f"{root}/history.jsonl").stdout.splitlines())
+    if action:
+        return [e for e in lines if e["action"] == action]
+    return [e for e in lines if e["action"] != "restart"]
 
 
 def kill_trainer(bed, vmid: int, root: str) -> None:
@@ -70,6 +76,25 @@ def test_a_two_container_job_is_deployed_verified_and_recovered_as_one(
         assert {n["live"]["world_size"] for n in verdict["nodes"].values()} == {4}
         assert sorted(n["live"]["node_rank"] for n in verdict["nodes"].values()) == [0, 1]
 
+        # A crash of one container's ranks (its workers killed, its supervisor left): its
+        # torchrun fails, the other container's ranks lose their peers and fail too; each
+        # supervisor restarts its torchrun and the job forms again at its rendezvous.
+        # (torchrun's workers only: the supervisor's and torchrun's command lines name
+        # dflash.train too, but not after "python -u")
+        bed.attach(second_ct, "pkill", "-9", "-f", "python -u -m dflash[.]train", check=False)
+        for vmid in bed.vmids:
+            deadline = time.monotonic() + 240
+            while "restarted" not in [e["result"] for e in deployments(bed, vmid, root, "restart")]:
+                assert time.monotonic() < deadline, f"no restart recorded in {vmid}"
+                time.sleep(1)
+        rejoined = pct_playbook("verify.yml", host_vars=per_host)
+        assert rejoined.rc == 0, rejoined.output
+        assert rejoined.report["jobs"]["j1"]["verdict"] == "ok"
+        assert {n["live"]["world_size"] for n in rejoined.report["jobs"]["j1"]["nodes"].values()
+                } == {4}  # fmt: skip
+        for host in (first, second):
+            assert rejoined.report["hosts"][host]["supervision"]["restarts"]["count"] >= 1
+
         kill_trainer(bed, second_ct, root)
         broken = pct_playbook("verify.yml", host_vars=per_host)
         assert broken.rc != 0
@@ -80,7 +105,7 @@ def test_a_two_container_job_is_deployed_verified_and_recovered_as_one(
         again = pct_playbook("deploy.yml", host_vars=per_host, dflash_ref="v1", **common)
         assert again.rc == 0, again.output
         for vmid in bed.vmids:  # the whole job started again, not only the killed host
-            runs = [json.loads(line)["run_id"] for line in history(bed, vmid, root)]
+            runs = [e["run_id"] for e in deployments(bed, vmid, root)]
             assert len(runs) == 2 and runs[0] != runs[1], runs
 
         # v2 crashes at start on the first container, which hosts the rendezvous: the second's
@@ -95,8 +120,8 @@ def test_a_two_container_job_is_deployed_verified_and_recovered_as_one(
         assert f"Job j1: release v2 failed on {first}" in flat
         assert "Every host of the job went back" in flat
         for vmid in bed.vmids:
-            lines = history(bed, vmid, root)
-            results = [(e["action"], e["release"], e["result"]) for e in map(json.loads, lines)]
+            lines = deployments(bed, vmid, root)
+            results = [(e["action"], e["release"], e["result"]) for e in lines]
             assert results[-2:] == [("deploy", "v2", "rolled_back"), ("rollback", "v1", "healthy")]
         back = pct_playbook("verify.yml", host_vars=per_host)
         assert back.rc == 0, back.output

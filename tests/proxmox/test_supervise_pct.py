@@ -65,8 +65,10 @@ def test_crash_hang_and_crash_loop_in_a_container(bed, pct_playbook, trainer_rep
     assert staged.rc == 0, staged.output
     sh(bed, vmid, RECORDS.format(path=f"{root}-records.jsonl"))
     python = sh(bed, vmid, f"ls -d {root}/envs/*/bin/python")
-    sh(bed, vmid, f"cd {root}/current && {python} -m dflash.data prepare --out {store} "
-       f"--target-model tiny {root}-records.jsonl")  # fmt: skip
+    prepared = bed.attach(vmid, "sh", "-c", f"cd {root}/current && {python} -m dflash.data "
+                          f"prepare --out {store} --target-model tiny {root}-records.jsonl",
+                          check=False)  # fmt: skip
+    assert prepared.returncode == 0, prepared.stdout + prepared.stderr
     try:
         run = pct_playbook(
             "deploy.yml", dflash_launch=True, dflash_trainer_args=ARGS, dflash_data=store,

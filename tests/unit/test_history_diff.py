@@ -143,10 +143,15 @@ def test_listing_numbers_every_line_and_the_table_shows_results_and_speed():
     assert rows[2]["error"] == "tokens/s under the floor"
     lines = history_lines(rows)
     assert lines[0].split() == [
-        "#", "time", "action", "release", "tree", "lock", "layout", "data", "result", "tokens/s"
+        "#", "time", "action", "release", "tree", "lock", "layout", "data", "result", "tokens/s",
+        "goodput",
     ]  # fmt: skip
     assert "rolled_back" in lines[3] and "300" in lines[3]
     assert history_lines([]) == ["no deployments recorded"]
+    # The goodput of a deployment's run (the history module adds it from supervisor.json).
+    rows[3].update(goodput={"ratio": 0.9731}, restarts=2)
+    assert history_lines(rows)[4].endswith("97.3% (2 restarts)")
+    assert history_lines(rows)[1].endswith("-")
 
 
 def test_a_failed_launch_goes_back_to_the_newest_healthy_deployment_that_is_not_itself():
