@@ -155,8 +155,8 @@ def changed_source(root: Path) -> Path:
 def target_args(kind: str, root: Path, compile_drafter: bool) -> dict[str, Any]:
     common = {"compile_drafter": compile_drafter, "log_every": 1, "checkpoint_every": 1000000,
               "keep_checkpoints": 1}  # fmt: skip
-    if kind == "tiny":
-        return {"target_model": "tiny", "gen_samples": 64, **common}
+    if kind == "tiny":  # checkpoints often: the supervised restart resumes from one
+        return {"target_model": "tiny", "gen_samples": 64, **common, "checkpoint_every": 20}
     sys.path.insert(0, str(REPO / "bench" / "trainer"))
     from pipeline import ANCHORS, BLOCK, DRAFTER_LAYERS, SEQ, prepare
 
@@ -180,6 +180,8 @@ def path_for(
     play("verify.yml", "verify")
     if kind == "tiny" and gpu is not None:
         foreign_process_on_the_gpu(root, gpu, rows, play)
+    if kind == "tiny":
+        supervised_restart(root, rows, play)
     if kind == "tiny" and not quick:
         play("deploy.yml", "warm the cache + restart", dflash_compile_cache="warm",
              dflash_restart=True)  # fmt: skip
@@ -195,6 +197,45 @@ def path_for(
     else:
         play("deploy.yml", "restart (compile cache warm)", dflash_restart=True)
     play("playbooks/stop.yml", "stop")
+
+
+def supervised_restart(root: Path, rows: list, play: Any) -> None:
+    """A rank killed (SIGKILL) under torchrun: the supervisor restarts torchrun after its
+    back-off and the trainer resumes from its newest checkpoint; verify stays ok and names the
+    restart. Seconds: from the kill to the first step after it."""
+    status_path = root / "state" / "runs" / "latest" / "status.json"
+
+    def status() -> dict:
+        try:
+            return json.loads(status_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    deadline = time.monotonic() + 300
+    while not (status().get("checkpoint") or {}).get("at") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    before = status()
+    killed = time.monotonic()
+    os.kill(before["pid"], 9)
+    back: dict = {}
+    while time.monotonic() < killed + 600:
+        back = status()
+        if back.get("attempt") == 1 and back.get("step", 0) > (back.get("resumed_from_step") or 0):
+            break
+        time.sleep(0.1)
+    seconds = round(time.monotonic() - killed, 1)
+    row = play("verify.yml", "verify after the restart")
+    report = json.loads((root / "reports" / "verify.json").read_text())["hosts"]["gpu"]
+    supervision = report.get("supervision") or {}
+    rows.insert(len(rows) - 1, {
+        "step": "kill -9 of the rank: supervised restart", "seconds": seconds,
+        "result": f"attempt {back.get('attempt')}, resumed from step "
+                  f"{back.get('resumed_from_step')} (killed at step {before.get('step')})",
+        "first_step_s": seconds, "tokens_per_s": back.get("tokens_per_s"), "roles": {},
+    })  # fmt: skip
+    restarts = (supervision.get("restarts") or {}).get("count")
+    ratio = (supervision.get("goodput") or {}).get("ratio")
+    row["result"] += f"; {report['verdict']}, restarts {restarts}, goodput {ratio}"
 
 
 HOLD_MIB = 2048

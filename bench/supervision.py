@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -50,7 +51,9 @@ def wait(what: str, check, timeout: float = 300):
 
 def table(run) -> str:
     text = run.output.split("Show the trainer, its tokens/s and the findings")[1]
-    return text.split("TASK [")[0].strip()
+    lines = text.split("TASK [")[0].splitlines()
+    first = next(i for i, line in enumerate(lines) if "release: " in line)
+    return textwrap.dedent("\n".join(lines[first:])).strip()
 
 
 def prepare_store(folder: Path) -> Path:

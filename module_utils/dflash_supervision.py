@@ -53,9 +53,9 @@ def supervision_line(view: dict | None) -> str | None:
     count = restarts.get("count") or 0
     text = f"restarts: {count}"
     if count:
-        text += (
-            f" (last: {restarts.get('last_reason')} at {restarts.get('last_at')}, first step "
-            f"{_seconds(restarts.get('time_to_first_step_s'))} later)"
+        back = restarts.get("time_to_first_step_s")
+        text += f" (last: {restarts.get('last_reason')} at {restarts.get('last_at')}, " + (
+            f"first step {_seconds(back)} later)" if back is not None else "no step since)"
         )
     if view["state"] in ("backoff", "hung", "crash_loop"):
         text += f", now {view['state'].replace('_', ' ')}"

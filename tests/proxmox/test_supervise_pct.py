@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import textwrap
 import time
 
 from tests.proxmox.test_deploy_pct import sh
@@ -27,7 +28,9 @@ EOF"""
 def table(run) -> str:
     """verify's table of the host, as the play prints it."""
     text = run.output.split("Show the trainer, its tokens/s and the findings")[1]
-    return text.split("TASK [")[0].strip()
+    lines = text.split("TASK [")[0].splitlines()
+    first = next(i for i, line in enumerate(lines) if "release: " in line)
+    return textwrap.dedent("\n".join(lines[first:])).strip()
 
 
 def test_crash_hang_and_crash_loop_in_a_container(bed, pct_playbook, trainer_repo):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dflash.goodput import attempt_buckets, goodput
+from dflash.supervision import Policy, RunRecord
 
 from .conftest import FAST, REPO, argv, cli_env, read_status, wait_for_status
 
@@ -209,3 +210,16 @@ def test_a_trainer_that_cannot_even_be_started_is_a_crash_loop_too(tmp_path):
     assert record["last_error"].startswith("exit code 127: cannot start: [Errno 2]")
     lines = [json.loads(x) for x in (root / "history.jsonl").read_text().splitlines()]
     assert [line["result"] for line in lines] == ["failed", "crash_loop"]
+
+
+def test_the_back_off_doubles_for_failures_in_a_row_and_starts_anew_after_a_long_run(tmp_path):
+    record = RunRecord(Policy(5, 3600, 10, 300, None), tmp_path, RUN_ID)
+    record.attempts = [
+        {"started": 0, "ended": 1000, "end_reason": "crash"},  # trained 1000 s, then crashed
+        {"started": 1010, "ended": 1020, "end_reason": "crash"},  # failed soon after its start
+        {"started": 1040, "ended": 1050, "end_reason": "hung"},
+    ]
+    assert record.quick_failures() == 3
+    assert [record.policy.backoff(n) for n in (1, 2, 3, 4, 9)] == [10, 20, 40, 80, 300]
+    record.attempts.append({"started": 1100, "ended": 1500, "end_reason": "crash"})
+    assert record.quick_failures() == 1  # a crash a day waits the first back-off

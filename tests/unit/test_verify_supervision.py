@@ -110,3 +110,10 @@ def test_a_crash_loop_replaces_not_running_with_the_last_error():
 def test_bad_restart_settings_are_named(policy, hang_after, named):
     with pytest.raises(LayoutError, match=named.replace(".", r"\.")):
         supervise_flags(policy, hang_after)
+
+
+def test_verify_judges_a_hang_by_the_supervisors_automatic_limit():
+    from dflash.supervision import HANG_FLOOR_S, HANG_STEPS
+
+    assert (dflash_supervision.HANG_FLOOR_S, dflash_supervision.HANG_STEPS) == (
+        HANG_FLOOR_S, HANG_STEPS)  # fmt: skip

@@ -1,0 +1,244 @@
+"""The supervisor's rules and its record of a run (dflash.supervise runs the processes).
+
+`Policy`: when to restart (a window, a back-off) and when a trainer hangs. `RunRecord`: each
+start of the trainer (an attempt) with what its status.json said, each restart, the run's
+state, and what it writes: supervisor.json in the run folder (rewritten atomically; goodput from
+dflash.goodput) and one `restart` line per restart in the state root's history.jsonl. Standard
+library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from dflash.goodput import epoch, goodput
+
+SUPERVISOR_FILE = "supervisor.json"
+HISTORY_FILE = "history.jsonl"
+HANG_FLOOR_S = 300.0  # the automatic hang limit is never shorter (a slow step, a recompile)
+HANG_STEPS = 10  # ... nor shorter than this many median steps
+# The fields of a restart's history.jsonl line (README "Supervision").
+RESTART_FIELDS = (
+    "reason", "exit", "step", "checkpoint_step", "steps_lost", "down_s",
+    "time_to_first_step_s", "resumed_from_step", "restarts_in_window", "error",
+)  # fmt: skip
+
+
+def utc_text(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")
+
+
+def log(message: str) -> None:
+    print(f"{utc_text(time.time())} supervisor: {message}", flush=True)
+
+
+@dataclass(frozen=True)
+class Policy:
+    max_restarts: int  # within `window_s`; 0 turns restarts off (a crash ends the run)
+    window_s: float
+    backoff_s: float
+    backoff_max_s: float
+    hang_after_s: float | None  # None: max(10 median steps, 5 min)
+
+    def hang_limit(self, status: dict[str, Any]) -> float:
+        if self.hang_after_s is not None:
+            return self.hang_after_s
+        median = status.get("step_s_median") or 0.0
+        return max(HANG_STEPS * median, HANG_FLOOR_S)
+
+    def backoff(self, failures: int) -> float:
+        """The wait before a restart after `failures` quick failures in a row (1: the first)."""
+        return min(self.backoff_s * 2 ** max(0, failures - 1), self.backoff_max_s)
+
+
+def read_status(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_atomic(path: Path, data: dict[str, Any]) -> None:
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(temp, path)
+    except OSError as exc:  # a full disk must not end the supervision of a running trainer
+        log(f"cannot write {path}: {exc}")
+
+
+def how_ended(code: int) -> str:
+    if code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+class RunRecord:
+    """What happened to one run: its attempts and restarts, kept in supervisor.json."""
+
+    def __init__(self, policy: Policy, root: Path, run_id: str) -> None:
+        self.policy = policy
+        self.root = root
+        self.run_id = run_id
+        self.run_dir = root / "runs" / run_id
+        self.status_path = self.run_dir / "status.json"
+        self.state_path = self.run_dir / SUPERVISOR_FILE
+        self.started = time.time()
+        self.attempts: list[dict[str, Any]] = []
+        self.restarts: list[dict[str, Any]] = []
+        self.state = "starting"
+        self.last_error: str | None = None
+
+    def begin(self) -> dict[str, Any]:
+        """A new attempt (a start of the trainer)."""
+        self.attempts.append({"attempt": len(self.attempts), "started": time.time()})
+        self.state = "running"
+        return self.attempts[-1]
+
+    def end(self, code: int, reason: str) -> None:
+        """The current attempt ended: `crash`, `hung`, `stopped` or `finished`."""
+        attempt = self.attempts[-1]
+        attempt.update(ended=time.time(), exit=code, end_reason=reason)
+        if reason != "hung":  # what a hung trainer did once continued for its dump: not counted
+            self.observe(read_status(self.status_path))
+        if reason in ("crash", "hung"):
+            self.mark_failed(attempt, "hung" if reason == "hung" else how_ended(code))
+        self.finish_restart_line(attempt)
+
+    def observe(self, status: dict[str, Any]) -> None:
+        """Copy what status.json says of the current attempt (only its own: a status.json left by
+        the attempt before has another `attempt`)."""
+        attempt = self.attempts[-1]
+        if status.get("attempt", 0) != attempt["attempt"]:
+            return
+        for key in ("first_step_at", "last_step_at", "step", "checkpoint_seconds", "error"):
+            attempt[key] = status.get(key)
+        attempt["resumed_from_step"] = status.get("resumed_from_step") or 0
+        saved = status.get("checkpoint") or {}
+        attempt["checkpoint_step"] = saved.get("step") or 0
+        attempt["checkpoint_at"] = saved.get("at")  # only a checkpoint this attempt saved
+        self.finish_restart_line(attempt)
+
+    def mark_failed(self, attempt: dict[str, Any], how: str) -> None:
+        """A killed or hung trainer could not say it ended: status.json says so for it, so a
+        deploy during the back-off sees no trainer that trains (and starts one at once)."""
+        status = read_status(self.status_path)
+        if status.get("attempt", 0) != attempt["attempt"] or status.get("state") == "failed":
+            return
+        status.update(state="failed", error=f"{how} (status.json written by the supervisor)")
+        write_atomic(self.status_path, status)
+
+    # -- restarts -------------------------------------------------------------------------
+    def recent_restarts(self) -> int:
+        since = time.time() - self.policy.window_s
+        return sum(1 for r in self.restarts if r["started"] >= since)
+
+    def quick_failures(self) -> int:
+        """Failures in a row of attempts that ran less than the longest back-off: a trainer
+        that trained longer than that starts the doubling anew (as Kubernetes resets its
+        crash back-off after a while of running)."""
+        count = 0
+        for attempt in reversed(self.attempts):
+            if attempt.get("end_reason") not in ("crash", "hung"):
+                break
+            if attempt["ended"] - attempt["started"] >= self.policy.backoff_max_s:
+                return count + 1
+            count += 1
+        return count
+
+    def finish_restart_line(self, attempt: dict[str, Any]) -> None:
+        """The history line of the restart that began this attempt, once its outcome is known."""
+        restart = next((r for r in self.restarts if r["attempt"] == attempt["attempt"]), None)
+        if restart is None or restart.get("recorded"):
+            return
+        first = epoch(attempt.get("first_step_at"))
+        if first is None and "ended" not in attempt:
+            return
+        restart["time_to_first_step_s"] = round(first - restart["ended_at"], 1) if first else None
+        restart["resumed_from_step"] = attempt.get("resumed_from_step")
+        self.append_history(restart, "restarted" if first else "failed")
+
+    def append_history(self, restart: dict[str, Any], result: str) -> None:
+        restart["recorded"] = True
+        line = {
+            "time": utc_text(time.time()),
+            "action": "restart",
+            "result": result,
+            "release": self.status_field("release"),
+            "tree_sha256": self.status_field("code_tree_sha256"),
+            "run_id": self.run_id,
+            **{k: restart.get(k) for k in RESTART_FIELDS},
+        }
+        data = (json.dumps(line, sort_keys=True) + "\n").encode()
+        try:  # one write to an O_APPEND file: whole, beside a deploy's own lines
+            fd = os.open(self.root / HISTORY_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log(f"cannot write the restart to {HISTORY_FILE}: {exc}")
+
+    def status_field(self, key: str) -> Any:
+        return read_status(self.status_path).get(key)
+
+    def note_restart(self, code: int, reason: str) -> dict[str, Any]:
+        ended = self.attempts[-1]
+        why = "hung" if reason == "hung" else how_ended(code)
+        restart = {
+            "attempt": len(self.attempts),  # the attempt this restart begins
+            "reason": why,
+            "exit": code,
+            "step": ended.get("step") or 0,
+            "checkpoint_step": ended.get("checkpoint_step") or 0,
+            "steps_lost": max(0, (ended.get("step") or 0) - (ended.get("checkpoint_step") or 0)),
+            "error": ended.get("error"),
+            "ended_at": ended["ended"],
+            "started": time.time(),
+        }
+        self.restarts.append(restart)
+        restart["restarts_in_window"] = self.recent_restarts()
+        self.last_error = f"{why}" + (f": {ended['error']}" if ended.get("error") else "")
+        return restart
+
+    # -- the loop -------------------------------------------------------------------------
+    @staticmethod
+    def attempt_record(attempt: dict[str, Any]) -> dict[str, Any]:
+        """An attempt as supervisor.json shows it: times as text, not epoch seconds."""
+        out = {k: v for k, v in attempt.items() if k not in ("started", "ended")}
+        out["started_at"] = utc_text(attempt["started"])
+        out["ended_at"] = utc_text(attempt["ended"]) if "ended" in attempt else None
+        return out
+
+    def save(self) -> None:
+        now = time.time()
+        latest = self.restarts[-1] if self.restarts else None
+        write_atomic(
+            self.state_path,
+            {
+                "pid": os.getpid(),
+                "run_id": self.run_id,
+                "state": self.state,
+                "updated_at": utc_text(now),
+                "started_at": utc_text(self.started),
+                "policy": asdict(self.policy),
+                "hang_after_s": self.policy.hang_limit(read_status(self.status_path)),
+                "restarts": {
+                    "count": len(self.restarts),
+                    "in_window": self.recent_restarts(),
+                    "last_reason": latest["reason"] if latest else None,
+                    "last_at": utc_text(latest["ended_at"]) if latest else None,
+                    "time_to_first_step_s": latest.get("time_to_first_step_s") if latest else None,
+                },
+                "last_error": self.last_error,
+                "attempts": [self.attempt_record(a) for a in self.attempts],
+                "goodput": goodput(self.attempts, self.started, now),
+            },
+        )
