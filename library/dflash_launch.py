@@ -16,7 +16,8 @@ description:
     inside the root), so strays started by hand are found too; stops each with SIGTERM to its
     process group, waits up to I(stop_timeout), then SIGKILL, and confirms none is left.
   - Starts C(run.sh) through setsid into C(runs/<run-id>/) with a fresh C(train.log), points
-    C(runs/latest) at it, and waits up to I(health_timeout) for C(status.json) to say
+    C(runs/latest) at it (run.sh runs the trainer under C(dflash.supervise), whose pid
+    C(trainer.json) records; stopping it stops its trainer and restarts nothing), and waits up to I(health_timeout) for C(status.json) to say
     C(running) with step >= I(health_steps) and the code tree hash of C(current); else fails
     with the log tail.
   - "Throughput gate: then fails when the trainer's tokens/s is under I(min_tokens_per_s), or
