@@ -123,7 +123,7 @@ def main() -> None:
                 seconds.append(time.monotonic() - killed)
             print(f"kill -9 to the first step after it: {[round(s, 1) for s in seconds]} s; "
                   f"median {statistics.median(seconds):.1f} s (back-off {args.backoff} s, "
-                  "doubling within the window)", flush=True)  # fmt: skip
+                  "doubling for quick failures in a row)", flush=True)  # fmt: skip
             verify(f"{args.runs} crashes")
 
             hung = status()

@@ -109,7 +109,7 @@ class RunRecord:
         if reason != "hung":  # what a hung trainer did once continued for its dump: not counted
             self.observe(read_status(self.status_path))
         if reason in ("crash", "hung"):
-            self.mark_failed(attempt, "hung" if reason == "hung" else how_ended(code))
+            self.mark_failed(attempt, code, "hung" if reason == "hung" else how_ended(code))
         self.finish_restart_line(attempt)
 
     def observe(self, status: dict[str, Any]) -> None:
@@ -126,13 +126,17 @@ class RunRecord:
         attempt["checkpoint_at"] = saved.get("at")  # only a checkpoint this attempt saved
         self.finish_restart_line(attempt)
 
-    def mark_failed(self, attempt: dict[str, Any], how: str) -> None:
-        """A killed or hung trainer could not say it ended: status.json says so for it, so a
-        deploy during the back-off sees no trainer that trains (and starts one at once)."""
+    def mark_failed(self, attempt: dict[str, Any], code: int, how: str) -> None:
+        """A trainer killed, hung, or dead before it wrote status.json (an import error) could
+        not say it ended: status.json says so for it (`exit_code`: its exit code, or minus the
+        signal), so a deploy's health check fails at once and a deploy during the back-off
+        sees no trainer that trains."""
         status = read_status(self.status_path)
-        if status.get("attempt", 0) != attempt["attempt"] or status.get("state") == "failed":
+        if status.get("attempt", 0) != attempt["attempt"]:  # none of its own: a new one
+            status = {"run_id": self.run_id, "attempt": attempt["attempt"], "step": 0}
+        elif status.get("state") == "failed":  # it said so itself, with its own error
             return
-        status.update(state="failed", error=f"{how} (status.json written by the supervisor)")
+        status.update(state="failed", exit_code=code, error=f"{how} (written by the supervisor)")
         write_atomic(self.status_path, status)
 
     # -- restarts -------------------------------------------------------------------------

@@ -17,9 +17,10 @@ description:
     process group, waits up to I(stop_timeout), then SIGKILL, and confirms none is left.
   - Starts C(run.sh) through setsid into C(runs/<run-id>/) with a fresh C(train.log), points
     C(runs/latest) at it (run.sh runs the trainer under C(dflash.supervise), whose pid
-    C(trainer.json) records; stopping it stops its trainer and restarts nothing), and waits up to I(health_timeout) for C(status.json) to say
-    C(running) with step >= I(health_steps) and the code tree hash of C(current); else fails
-    with the log tail.
+    C(trainer.json) records; stopping it stops its trainer and restarts nothing), and waits
+    up to I(health_timeout) for C(status.json) to say C(running) with step >=
+    I(health_steps) and the code tree hash of C(current); else fails with the log tail (a
+    trainer that ended is a failure at once, also while its supervisor would restart it).
   - "Throughput gate: then fails when the trainer's tokens/s is under I(min_tokens_per_s), or
     under I(min_throughput_ratio) times I(baseline_tokens_per_s); the failure stops the new
     trainer and names both numbers."

@@ -57,6 +57,9 @@ def wait_healthy(
         check()
         status = read_json(status_path) or status
         code = exit_code()
+        if code is None and status.get("state") == "failed":
+            # The supervisor lives on to restart it; it wrote how the trainer ended.
+            code = status.get("exit_code")
         if status.get("state") == "failed" or code is not None:
             raise LaunchError(
                 f"the trainer failed at start ({ended(code, status)}); last lines of "
