@@ -198,10 +198,14 @@ class Supervisor:
                 record.restarts.pop()
                 done = restart["restarts_in_window"] - 1  # the restarts made before this end
                 record.append_history({**restart, "restarts_in_window": done}, "crash_loop")
+                limit = (
+                    f"after {policy.max_restarts} restarts within {policy.window_s:g} s"
+                    if policy.max_restarts
+                    else "and restarts are off"
+                )
                 log(
-                    f"crash loop: the trainer ended ({record.last_error}) after "
-                    f"{policy.max_restarts} restarts within {policy.window_s:g} s; "
-                    "it stays stopped until the next deploy"
+                    f"crash loop: the trainer ended ({record.last_error}) {limit}; it stays "
+                    "stopped until the next deploy"
                 )
                 break
             wait = policy.backoff(record.quick_failures())

@@ -85,12 +85,17 @@ def supervision_findings(facts: dict, now: float | None = None) -> list[dict]:
     processes = trainers.get("processes") or []
     if view and view["state"] == "crash_loop" and not processes:
         policy = view.get("policy") or {}
+        why = (
+            f"the trainer kept failing: {policy.get('max_restarts')} restarts within "
+            f"{policy.get('window_s', 0):g} s"
+            if policy.get("max_restarts")
+            else "the trainer failed, and restarts are off (dflash_restart_policy.enabled)"
+        )
         out.append(
             finding(
                 "crash_loop",
                 "a trainer under its restart policy",
-                f"the trainer kept failing: {policy.get('max_restarts')} restarts within "
-                f"{policy.get('window_s', 0):g} s, last: {view.get('last_error')}",
+                f"{why}, last: {view.get('last_error')}",
                 f"read {log}, fix the cause, then deploy.yml -e dflash_restart=true",
                 run_id=run_id,
             )

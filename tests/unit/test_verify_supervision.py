@@ -92,6 +92,9 @@ def test_a_crash_loop_replaces_not_running_with_the_last_error():
     assert item["found"] == ("the trainer kept failing: 5 restarts within 3600 s, last: exit code "
                              "1: RuntimeError: CUDA error")  # fmt: skip
     assert "runs/r1/train.log" in item["hint"] and "dflash_restart=true" in item["hint"]
+    off = supervisor(state="crash_loop", policy={"max_restarts": 0, "window_s": 3600.0})
+    [item] = dflash_findings(facts(None, off, processes=False))
+    assert item["found"].startswith("the trainer failed, and restarts are off")
     # Stopped on purpose (stop.yml): not_running, as before.
     stopped = dflash_findings(facts(None, supervisor(state="stopped"), processes=False))
     assert [f["kind"] for f in stopped] == ["not_running"]
