@@ -144,7 +144,9 @@ def test_a_hung_trainer_has_its_stacks_dumped_and_is_restarted(supervised):
 def test_a_trainer_failing_at_every_start_ends_in_a_crash_loop(supervised):
     # GPUs 0 and 1 as target and drafter: no such GPUs here (CUDA missing, or one GPU).
     broken = [*FAST, "--max-steps", "10", "--target-gpus", "0", "--drafter-gpus", "1"]
-    run = supervised("--max-restarts 2 --backoff 1 --backoff-max 2", broken)
+    # (--backoff-max well above a failed start's few seconds, however loaded the machine: a
+    # trainer that ran longer than it would start the doubling anew)
+    run = supervised("--max-restarts 2 --backoff 1 --backoff-max 60", broken)
     assert run.proc.wait(timeout=300) != 0
     record = run.record()
     assert record["state"] == "crash_loop" and record["restarts"]["count"] == 2
@@ -154,7 +156,7 @@ def test_a_trainer_failing_at_every_start_ends_in_a_crash_loop(supervised):
     assert [line["result"] for line in lines] == ["failed", "failed", "crash_loop"]
     assert lines[-1]["restarts_in_window"] == 2 and lines[-1]["reason"] == "exit code 2"
     assert "crash loop: the trainer ended (exit code 2: " in run.text()
-    # The waits doubled: 1 s, then 2 s (backoff_max), all of it down time.
+    # The waits doubled: 1 s, then 2 s, all of it down time.
     assert record["goodput"]["badput_s"]["down"] >= 3 and record["goodput"]["productive_s"] == 0
 
 
