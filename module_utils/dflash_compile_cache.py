@@ -112,15 +112,19 @@ def findings(cache: dict | None, tree: str | None, lock: dict, processes: list[d
                 path=cache["path"],
             )
         )
+    named: set[int] = set()
     for proc in processes:
-        if proc.get("cache_dir") and proc["cache_dir"] != cache["path"]:
+        # One finding per trainer: its supervisor, torchrun and ranks all carry the cache dir.
+        job = proc.get("job", proc["pid"])
+        if proc.get("cache_dir") and proc["cache_dir"] != cache["path"] and job not in named:
+            named.add(job)
             out.append(
                 finding(
                     "cache",
                     cache["path"],
-                    f"pid {proc['pid']} uses {proc['cache_dir']}",
+                    f"pid {job} uses {proc['cache_dir']}",
                     "restart it through deploy.yml -e dflash_restart=true",
-                    pid=proc["pid"],
+                    pid=job,
                 )
             )
     return out
