@@ -171,12 +171,13 @@ class RunRecord:
 
     def append_history(self, restart: dict[str, Any], result: str) -> None:
         restart["recorded"] = True
+        status = read_status(self.status_path)  # once: release and tree of the same file
         line = {
             "time": utc_text(time.time()),
             "action": "restart",
             "result": result,
-            "release": self.status_field("release"),
-            "tree_sha256": self.status_field("code_tree_sha256"),
+            "release": status.get("release"),
+            "tree_sha256": status.get("code_tree_sha256"),
             "run_id": self.run_id,
             **{k: restart.get(k) for k in RESTART_FIELDS},
         }
@@ -189,9 +190,6 @@ class RunRecord:
                 os.close(fd)
         except OSError as exc:
             log(f"cannot write the restart to {HISTORY_FILE}: {exc}")
-
-    def status_field(self, key: str) -> Any:
-        return read_status(self.status_path).get(key)
 
     def note_restart(self, code: int, reason: str) -> dict[str, Any]:
         ended = self.attempts[-1]
