@@ -9,6 +9,7 @@ library only.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -33,6 +34,29 @@ RESTART_FIELDS = (
 
 def utc_text(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")
+
+
+def append_line(path: Path, data: bytes) -> None:
+    """One line appended to history.jsonl under its flock, which the toolkit's writers take
+    too, on a line of its own: a torn last line (a writer killed mid-write) is first moved to
+    history.jsonl.torn, as module_utils/dflash_state.py append_history does. A write cut short
+    (disk full) is undone."""
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        content = handle.read()
+        whole = content.rfind(b"\n") + 1 if not content.endswith(b"\n") else len(content)
+        if whole < len(content):
+            with open(path.with_name(path.name + ".torn"), "ab") as torn:
+                torn.write(content[whole:] + b"\n")
+            handle.truncate(whole)
+        try:  # unbuffered: nothing is left to be written later by close()
+            if os.write(handle.fileno(), data) != len(data):
+                raise OSError(28, "No space left on device", str(path))
+            os.fsync(handle.fileno())
+        except OSError:
+            handle.truncate(whole)
+            raise
 
 
 def log(message: str) -> None:
@@ -182,12 +206,8 @@ class RunRecord:
             **{k: restart.get(k) for k in RESTART_FIELDS},
         }
         data = (json.dumps(line, sort_keys=True) + "\n").encode()
-        try:  # one write to an O_APPEND file: whole, beside a deploy's own lines
-            fd = os.open(self.root / HISTORY_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
+        try:
+            append_line(self.root / HISTORY_FILE, data)
         except OSError as exc:
             log(f"cannot write the restart to {HISTORY_FILE}: {exc}")
 

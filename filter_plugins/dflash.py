@@ -8,6 +8,7 @@ from dflash_data import changed_under, identity, recorded
 from dflash_findings import finding
 from dflash_lines import last_deployment
 from dflash_lockfile import describe, holder_alive
+from dflash_state_findings import state_findings
 from dflash_states import ALIVE
 from dflash_supervision import supervision_findings
 
@@ -102,8 +103,9 @@ def release_findings(facts: dict, stale_after: float = 1800) -> list[dict]:
             )
         )
     last = last_deployment(facts.get("history") or [])
-    # An interrupted run (named above) explains a current that history does not know yet.
-    if last and last.get("release") != release and not locked:
+    # An interrupted run (named above) explains a current that history does not know yet, and
+    # so may a damaged line of history (the finding `history` names it).
+    if last and last.get("release") != release and not locked and not facts.get("history_damaged"):
         found.append(
             finding(
                 "release",
@@ -222,7 +224,8 @@ def setup_findings(facts: dict) -> list[dict]:
                 "run_script",
                 deployment["run_sh_sha256"],
                 run_sh.get("sha256") or "run.sh missing",
-                "run.sh was edited on the target; deploy.yml renders it again",
+                "run.sh was edited on the target, or a write of it failed on a full disk "
+                "(see `disk`); deploy.yml renders it again",
                 path=run_sh.get("path"),
             )
         )
@@ -285,8 +288,9 @@ def data_findings(facts: dict) -> list[dict]:
 
 
 def dflash_findings(
-    facts: dict, heartbeat_max_age: float = 60, lock_stale_after: float = 1800
-) -> list[dict]:
+    facts: dict, heartbeat_max_age: float = 60, lock_stale_after: float = 1800,
+    disk_reserve_mb: float = 0,
+) -> list[dict]:  # fmt: skip
     """Every drift in one target's facts document; an empty list means the target is clean."""
     return (
         release_findings(facts, lock_stale_after)
@@ -294,6 +298,7 @@ def dflash_findings(
         + trainer_findings(facts, heartbeat_max_age)
         + setup_findings(facts)
         + data_findings(facts)
+        + state_findings(facts, disk_reserve_mb)
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dflash_lines import DEPLOY_ACTIONS
 from dflash_throughput import gate_baseline, shape_of
 
 
@@ -37,6 +38,8 @@ def _goodput(row: dict) -> str:
 def _result(row: dict) -> str:
     """How it ended; for the supervisor's restart lines also why, and the steps lost."""
     result = _short(row.get("result"))
+    if row.get("result") == "interrupted":
+        return f"interrupted ({row.get('phase') or '?'})"
     if row.get("action") != "restart":
         return result
     lost = row.get("steps_lost")
@@ -154,6 +157,14 @@ def restore_target(
     return {} if current == failed_release else {"release": current}
 
 
+def interrupted_run(lock: dict | None) -> dict | None:
+    """What the run whose deploy lock this one took over was doing, for this run's history
+    line; None when it took over no deploy or rollback."""
+    if not lock or lock.get("action") not in DEPLOY_ACTIONS:
+        return None
+    return {key: lock.get(key) for key in ("action", "release", "from_release", "phase", "started")}
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -162,4 +173,5 @@ class FilterModule:
             "dflash_restore_target": restore_target,
             "dflash_gate_baseline": gate_baseline,
             "dflash_step_shape": shape_of,
+            "dflash_interrupted_run": interrupted_run,
         }

@@ -12,8 +12,8 @@ from pathlib import Path
 from dflash_env_lock import lock_id, lock_problems
 from dflash_layout import (
     LayoutError,
+    code_changing_env,
     data_flags,
-    env_warnings,
     gpu_layout,
     supervise_flags,
     trainer_env,
@@ -76,7 +76,7 @@ def dflash_run_spec(data: dict) -> dict:
     """What run.sh will say, validated: GPU layout, trainer flags (one [flag, value?] group
     per line of run.sh) and environment; `problems` lists every bad input, each naming the
     value and the fix, `warnings` what is allowed but changes what runs."""
-    spec: dict = {"problems": []}
+    spec: dict = {"problems": [], "warnings": []}
     checks = {
         # The trainer's --cpu-ranks (tests) lays the GPU ranks out on the CPU: no GPU needed.
         "layout": lambda: gpu_layout(
@@ -94,7 +94,10 @@ def dflash_run_spec(data: dict) -> dict:
             spec[key] = check()
         except LayoutError as err:
             spec["problems"].append(str(err))
-    spec["warnings"] = env_warnings(spec.get("env") or {})
+    # Listed in dflash_trainer_env_allow: meant. Else a warning, or with dflash_strict_vars a
+    # problem like any other bad input.
+    code_changing = code_changing_env(spec.get("env") or {}, list(data.get("env_allow") or []))
+    spec["problems" if data.get("strict") else "warnings"] += code_changing
     return spec
 
 

@@ -4,9 +4,14 @@
 # module_utils/dflash_plan.py's, which the launch module asks too.
 from __future__ import annotations
 
+from dflash_disk import deploy_need
 from dflash_plan import deploy_changes, deploy_work
 
 
 class FilterModule:
     def filters(self) -> dict:
-        return {"dflash_deploy_work": deploy_work, "dflash_deploy_changes": deploy_changes}
+        return {
+            "dflash_deploy_work": deploy_work,
+            "dflash_deploy_changes": deploy_changes,
+            "dflash_deploy_disk_need": deploy_need,
+        }

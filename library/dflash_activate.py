@@ -56,6 +56,7 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_disk import disk_full_message, is_disk_full
 from ansible.module_utils.dflash_lockfile import LockError, held
 from ansible.module_utils.dflash_state import (
     CURRENT,
@@ -129,6 +130,10 @@ def main() -> None:
         module.exit_json(**run(module))
     except (StateError, LockError) as err:
         module.fail_json(msg=str(err))
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        module.fail_json(msg=disk_full_message(module.params["root"], err))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ description:
   - Normally run through the action plugin of the same name (role dflash_deploy_lock), which
     adds the controller's identity, waits a bounded time for a busy lock and takes over the lock
     of a holder that is dead (its process is gone) or silent longer than allowed.
+  - A deploy or rollback that takes the lock then removes what killed writers left under the
+    root (RETURN C(cleaned) names each).
   - Creates the state root when it is missing (its parent must exist); a run that created it
     removes it again on release when nothing else was put there.
 options:
@@ -43,7 +45,10 @@ options:
     choices: [deploy, rollback, stop]
     default: deploy
   release:
-    description: The release the holder deploys, when known.
+    description:
+      - The release the holder makes current, when known. Taken again with the same token, the
+        lock notes it (a rollback, once it has chosen), and a run that takes the lock over after an
+        interruption finishes that intent.
     type: str
   take_over:
     description: Token of a holder judged dead or expired; only that holder's lock is replaced.
@@ -79,6 +84,14 @@ lock:
   description: The lock document as it is now (state status, or the one just taken).
   type: dict
   returned: always
+cleaned:
+  description:
+    - What killed writers had left under the root, one sentence each (temp files, pushed
+      archives, envs whose build was cut short removed; a torn last line of history.jsonl
+      moved to history.jsonl.torn). Done by a deploy or rollback that took the lock.
+  type: list
+  elements: str
+  returned: when a deploy or rollback took the lock
 released:
   description: Whether this call gave the lock up.
   type: bool
@@ -89,7 +102,10 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_lockfile import acquire, read_lock, release
+from ansible.module_utils.dflash_leftovers import clean
+from ansible.module_utils.dflash_lines import DEPLOY_ACTIONS
+from ansible.module_utils.dflash_lockfile import acquire, read_lock, release, utc_now
+from ansible.module_utils.dflash_state import append_history, current_release
 
 
 def root_problem(root: str) -> str | None:
@@ -102,6 +118,22 @@ def root_problem(root: str) -> str | None:
             "at a folder under an existing one"
         )
     return None
+
+
+def interrupted_line(lock: dict) -> dict:
+    """history.jsonl's line for a deploy or rollback whose lock was taken over: what it was
+    doing (its release, the one it left, the phase it reached), so history misses no attempt.
+    The run that takes over finishes that intent and says so in its own line (`resumes`)."""
+    return {
+        "time": utc_now(),
+        "action": lock.get("action"),
+        "result": "interrupted",
+        "release": lock.get("release"),
+        "previous": lock.get("from_release"),
+        "phase": lock.get("phase"),
+        "started": lock.get("started"),
+        "by": {k: (lock.get("holder") or {}).get(k) for k in ("user", "host", "pid")},
+    }
 
 
 def run(module: AnsibleModule) -> dict:
@@ -119,13 +151,19 @@ def run(module: AnsibleModule) -> dict:
     try:
         got = acquire(
             root, params["token"], params["holder"], params["action"], params["release"],
-            take_over=params["take_over"],
+            take_over=params["take_over"], from_release=current_release(root)[0],
         )  # fmt: skip
     except OSError as err:
         raise ValueError(
             f"dflash_root '{root}' is not writable ({err.strerror}): the deploy lock and every "
             "release go there. Mount it writable, or point dflash_root at a writable folder"
         ) from err
+    if got["acquired"] and params["action"] != "stop":
+        # Holding the lock, nobody else writes these: what killed writers left goes now.
+        got["cleaned"] = clean(root)
+        previous = got.get("taken_over") or {}
+        if previous.get("action") in DEPLOY_ACTIONS:
+            append_history(root, interrupted_line(previous))
     # A lock is not a change of the deployed state: a no-op deploy stays changed=0.
     return {"changed": False, "lock": got.get("lock"), **got}
 

@@ -15,7 +15,10 @@ description:
   - Every check of the lock and its source runs before anything is created. A new lock is a new
     env; an env is never re-installed for another lock. An env of this lock whose packages were
     changed by hand is rebuilt, and the drift is returned.
-  - The env is marked complete only at the end, so a killed build is rebuilt next time.
+  - The env is marked complete only at the end, so a killed build is rebuilt next time. A build
+    that fails (pip, or the disk) removes what it had installed.
+  - The build stops, and removes its env, when the free space of the root's file system falls
+    under I(disk_reserve_mb), so that the running trainer keeps room to write its checkpoints.
   - A lock whose source is an existing interpreter (C(source.python)) adopts it. Nothing is
     installed into it; it must hold every pin (and torch its CUDA build), else the module fails
     naming each difference. C(envs/<lock-id>/) then only records the adoption.
@@ -33,6 +36,10 @@ options:
     description: Seconds the install may take.
     type: int
     default: 1800
+  disk_reserve_mb:
+    description: Free space (MB) the build never takes from the root's file system (0 = off).
+    type: int
+    default: 1024
   token:
     description:
       - The deploy lock's token of this run (M(dflash_deploy_lock)). A build ends, and its pip
@@ -96,6 +103,13 @@ import tempfile
 from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_disk import (
+    MB,
+    DiskGuard,
+    DiskSpaceError,
+    disk_full_message,
+    is_disk_full,
+)
 from ansible.module_utils.dflash_env_lock import (
     adopts,
     installed_versions,
@@ -115,13 +129,12 @@ from ansible.module_utils.dflash_envcheck import (
 from ansible.module_utils.dflash_guarded import CommandError, run_checked
 from ansible.module_utils.dflash_lockfile import LockError, Watchdog, fence
 from ansible.module_utils.dflash_state import (
+    ENV_MARKER,
     ENVS,
     current_release,
     deployment_index,
     read_history,
 )
-
-MARKER = ".dflash-env.json"
 
 
 def pip_command(lock: dict, env_python: str, files: dict) -> list[str]:
@@ -179,8 +192,20 @@ def requirements_file(lock: dict) -> str:
 def build(
     lock: dict, env_dir: str, python: str, files: dict, timeout: int, check: Callable[[], None]
 ) -> dict:
+    """Build envs/<lock id>; whatever ends it early (pip failing, the disk full or under its
+    reserve, the play gone) removes the unfinished env, which no run could use."""
     if os.path.exists(env_dir):
         shutil.rmtree(env_dir)
+    try:
+        return install(lock, env_dir, python, files, timeout, check)
+    except BaseException:
+        shutil.rmtree(env_dir, ignore_errors=True)
+        raise
+
+
+def install(
+    lock: dict, env_dir: str, python: str, files: dict, timeout: int, check: Callable[[], None]
+) -> dict:
     run_checked(
         [python, "-m", "venv", "--without-pip", env_dir], 300, "creating the venv", check=check
     )
@@ -203,7 +228,8 @@ def build(
     if drift:
         raise EnvError(f"after installing, the env differs from the lock: {drift}")
     versions = check_runtime(lock, env_python)
-    with open(os.path.join(env_dir, MARKER), "w", encoding="utf-8") as handle:
+    check()  # pip may have ended between two checks: the reserve is judged on what it left
+    with open(os.path.join(env_dir, ENV_MARKER), "w", encoding="utf-8") as handle:
         json.dump({"lock_id": lock_id(lock), "lock": lock, "versions": versions}, handle, indent=2)
     return versions
 
@@ -286,7 +312,7 @@ def adopt(lock: dict, env_dir: str, check_mode: bool) -> dict:
     any change, this proves it again), recorded in envs/<lock-id>/, never installed into."""
     python = str(adopts(lock))
     versions = check_adopted(lock)
-    marker = os.path.join(env_dir, MARKER)
+    marker = os.path.join(env_dir, ENV_MARKER)
     result = {
         "python": python,
         "versions": versions,
@@ -322,7 +348,7 @@ def run(module: AnsibleModule) -> dict:
     python = find_python(str(lock["python"]))
     source = lock["source"]
     files = check_wheelhouse(lock, source["wheelhouse"]) if source.get("wheelhouse") else {}
-    if os.path.isfile(os.path.join(env_dir, MARKER)):
+    if os.path.isfile(os.path.join(env_dir, ENV_MARKER)):
         result["drift"] = version_drift(lock, installed_versions(env_dir))
         if not result["drift"]:
             return result
@@ -334,11 +360,29 @@ def run(module: AnsibleModule) -> dict:
     token = module.params["token"]
     if token:
         fence(root, token, phase="environment")
-    # A build dies with the play that asked for it (the watchdog), never left as an orphan.
+    # A build dies with the play that asked for it (the watchdog), never left as an orphan,
+    # and stops before the disk is so full that the running trainer could not write.
+    guard = DiskGuard(root, module.params["disk_reserve_mb"] * MB)
+    guard.check()
+
+    def check() -> None:
+        dog.check()
+        guard.check()
+
     with Watchdog(root, token) as dog:
-        result["versions"] = build(
-            lock, env_dir, python, files, module.params["pip_timeout"], dog.check
-        )
+        try:
+            result["versions"] = build(
+                lock, env_dir, python, files, module.params["pip_timeout"], check
+            )
+        except (CommandError, OSError, DiskSpaceError) as err:
+            if isinstance(err, DiskSpaceError):
+                raise DiskSpaceError(f"the build of {env_dir} (removed) {err}") from err
+            if is_disk_full(err) or "No space left" in str(err):
+                raise DiskSpaceError(
+                    f"the build of {env_dir} failed and was removed: "
+                    + disk_full_message(root, "No space left on device")
+                ) from err
+            raise
     return result
 
 
@@ -348,13 +392,14 @@ def main() -> None:
             "root": {"type": "path", "required": True},
             "lock": {"type": "dict", "required": True},
             "pip_timeout": {"type": "int", "default": 1800},
+            "disk_reserve_mb": {"type": "int", "default": 1024},
             "token": {"type": "str", "no_log": False},
         },
         supports_check_mode=True,
     )
     try:
         module.exit_json(**run(module))
-    except (EnvError, CommandError, LockError) as err:
+    except (EnvError, CommandError, LockError, DiskSpaceError) as err:
         module.fail_json(msg=str(err))
 
 

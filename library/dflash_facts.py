@@ -80,6 +80,17 @@ releases:
   type: list
   elements: str
   returned: always
+disk:
+  description: The file system of the root (or of its nearest existing parent) C(path),
+    C(free_bytes) and C(total_bytes).
+  type: dict
+  returned: always
+recorded_trees:
+  description:
+    - Per release name, the C(tree_sha256), C(commit) and C(time) of its newest deploy or
+      rollback in history.jsonl (a build of that name with another tree is refused).
+  type: dict
+  returned: always
 release_trees:
   description: Tree hash of each complete release, by release id.
   type: dict
@@ -118,13 +129,20 @@ run_sh:
   description: C(path), C(content) and C(sha256) of run.sh (content null when missing).
   type: dict
   returned: always
+history_damaged:
+  description: The lines of history.jsonl that are not a JSON record (line from 1, bytes, text).
+  type: list
+  elements: dict
+  returned: always
 deployment:
   description: The history entry that deployed current (what should be there), without run.sh text.
   type: dict
   returned: always
 trainers:
   description:
-    - C(record) (trainer.json) and C(processes), every trainer process of the root with pid,
+    - C(record) (trainer.json, or when that is lost the copy in the run folder of the one
+      trainer that runs; C(record_problem) then says what was wrong) and C(processes), every
+      trainer process of the root with pid,
       pgid, job (the pid of its topmost trainer ancestor, torchrun's for its workers), start
       time and age in seconds, command line, run id, release it runs from, cache dir, its
       run's status.json and the heartbeat age in seconds.
@@ -177,6 +195,8 @@ wanted_env:
   description:
     - The env of I(lock) (C(envs/<lock-id>)) as C(environment) describes one, with C(python),
       the interpreter run.sh would start; a deploy whose env exists without drift builds none.
+    - An env still to be built also has C(estimate_bytes) and C(estimate_basis), how large it
+      will be, about (preflight checks the free space against it).
   type: dict
   returned: when lock is given and is a valid lock
 rollback_entry:
@@ -201,6 +221,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_checks import environment_check, release_check, writable
 from ansible.module_utils.dflash_compile_cache import read as read_cache
 from ansible.module_utils.dflash_data import read_data, running_data
+from ansible.module_utils.dflash_disk import free_space
 from ansible.module_utils.dflash_env_lock import (
     adopts,
     installed_versions,
@@ -211,14 +232,16 @@ from ansible.module_utils.dflash_env_lock import (
 from ansible.module_utils.dflash_env_lock import (
     lock_id as lock_id_of,
 )
+from ansible.module_utils.dflash_envcheck import install_estimate
 from ansible.module_utils.dflash_gpu import probe
-from ansible.module_utils.dflash_lines import GOOD_RESULTS
+from ansible.module_utils.dflash_lines import DEPLOY_ACTIONS, GOOD_RESULTS
 from ansible.module_utils.dflash_lockfile import read_lock
 from ansible.module_utils.dflash_procs import find_trainers
 from ansible.module_utils.dflash_release import file_drift, tree_sha256
-from ansible.module_utils.dflash_runs import TRAINER_FILE
+from ansible.module_utils.dflash_runs import trainer_record
 from ansible.module_utils.dflash_state import (
     CURRENT,
+    ENV_MARKER,
     ENVS,
     RELEASES,
     STATUS,
@@ -226,7 +249,7 @@ from ansible.module_utils.dflash_state import (
     current_release,
     deployment_index,
     previous_deployment,
-    read_history,
+    read_history_checked,
     read_json,
     read_run_script,
     release_manifests,
@@ -254,8 +277,8 @@ def boot_time() -> float:
 
 def trainers(root: str) -> dict:
     """Every trainer process of the root with the status file of its run, and the record of the
-    one the toolkit started."""
-    record = read_json(os.path.join(root, TRAINER_FILE))
+    one the toolkit started (trainer.json, or its run folder's copy when that one is lost:
+    record_problem says what was wrong)."""
     ticks, booted = os.sysconf("SC_CLK_TCK"), boot_time()
     processes = []
     for proc in find_trainers(root):
@@ -274,10 +297,12 @@ def trainers(root: str) -> dict:
             "status": status,
             "heartbeat_age_s": age_seconds((status or {}).get("updated_at")),
         })  # fmt: skip
+    record, problem = trainer_record(root, processes)
     # The supervisor of the recorded run (dflash/supervise.py): its restarts and goodput.
     run_id = (record or {}).get("run_id")
     supervisor = read_json(run_path(root, run_id, SUPERVISOR)) if run_id else None
-    return {"record": record, "processes": processes, "supervisor": supervisor}
+    return {"record": record, "record_problem": problem, "processes": processes,
+            "supervisor": supervisor}  # fmt: skip
 
 
 def environment(root: str, lock_id: str | None, lock: dict | None = None) -> dict | None:
@@ -286,7 +311,7 @@ def environment(root: str, lock_id: str | None, lock: dict | None = None) -> dic
     if not lock_id:
         return None
     env_dir = os.path.join(root, ENVS, lock_id)
-    marker = read_json(os.path.join(env_dir, ".dflash-env.json"))
+    marker = read_json(os.path.join(env_dir, ENV_MARKER))
     lock = lock or (marker or {}).get("lock")
     # An adopted interpreter (source.python) is read where it is, not under envs/.
     python = adopts(lock) if lock else None
@@ -308,12 +333,25 @@ def checkpoints(root: str) -> dict:
     return {"path": folder, "count": len(names), "newest": names[-1] if names else None}
 
 
+def recorded_trees(history: list[dict]) -> dict[str, dict]:
+    """Per release name, the tree (and commit) its newest deploy or rollback line recorded."""
+    trees: dict[str, dict] = {}
+    for entry in history:
+        if entry.get("action", "deploy") in DEPLOY_ACTIONS and entry.get("tree_sha256"):
+            trees[entry["release"]] = {
+                "tree_sha256": entry["tree_sha256"],
+                "commit": entry.get("commit"),
+                "time": entry.get("time"),
+            }
+    return trees
+
+
 def gather(root: str, checksums: bool, history_limit: int) -> dict:
     """The state of the root; the preflight questions are added by main()."""
     release, link = current_release(root)
     manifests = release_manifests(root)
     available = list(manifests)
-    history = read_history(root)
+    history, damaged = read_history_checked(root)
     facts: dict = {
         "root": root,
         "root_exists": os.path.isdir(root),
@@ -329,12 +367,17 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
         },
         "releases": available,
         "release_trees": {name: m.get("tree_sha256") for name, m in manifests.items()},
+        # What each release name meant when it was deployed (a name always means one tree).
+        "recorded_trees": recorded_trees(history),
         "history": history[-history_limit:] if history_limit > 0 else [],
+        # Lines of history.jsonl that are not a record (line from 1, bytes, text).
+        "history_damaged": damaged,
         "previous_deployment": previous_deployment(history, release, available),
         "stale_temp": stale_temp_dirs(root),
         "run_sh": read_run_script(root),
         "deploy_lock": read_lock(root),
         "root_writable": writable(root),
+        "disk": free_space(root),
     }
     if release:
         folder = os.path.join(root, RELEASES, release)
@@ -398,6 +441,12 @@ def main() -> None:
                 if deployed and deployed["exists"] and deployed["lock_id"] == wanted
                 else environment(params["root"], wanted, params["lock"])
             )
+            env = facts["wanted_env"]
+            if not env["exists"] and not env["adopted"]:  # to be built: how large, about
+                reference = deployed["path"] if deployed and deployed["exists"] else None
+                env["estimate_bytes"], env["estimate_basis"] = install_estimate(
+                    params["lock"], reference
+                )
     if params["data"] is not None:
         facts["wanted_data"] = read_data(params["data"])
     if params["rollback_release"] is not None:

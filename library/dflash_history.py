@@ -61,6 +61,13 @@ diff:
     name, from, to for release, environment, run_sh and layout) and throughput (from, to, ratio).
   type: dict
   returned: when diff_from and diff_to are given
+damaged:
+  description:
+    - The lines of history.jsonl that are not a JSON record (line from 1, bytes, text), each
+      also a warning; they are skipped, and the numbers of I(deployments) count records only.
+  type: list
+  elements: dict
+  returned: always
 """
 
 import os
@@ -69,9 +76,10 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_history import SelectorError, compare, listing, select
 from ansible.module_utils.dflash_lines import DEPLOY_ACTIONS
 from ansible.module_utils.dflash_state import (
+    HISTORY,
     SUPERVISOR,
     current_release,
-    read_history,
+    read_history_checked,
     read_json,
     release_dir,
     release_manifests,
@@ -90,9 +98,20 @@ def reader(root: str):
     return read
 
 
+def damage_warnings(root: str, damaged: list[dict]) -> list[str]:
+    """One sentence per line of history.jsonl that is not a record (skipped by every reader)."""
+    return [
+        f"{os.path.join(root, HISTORY)} line {item['line']} is damaged ({item['bytes']} bytes, "
+        f"{item['text']!r}...): not a JSON record, so it is skipped; a writer was cut short or "
+        "the file was edited. Move that line to history.jsonl.torn (the next deploy does so "
+        "for a torn last line) to silence this"
+        for item in damaged
+    ]
+
+
 def run(params: dict) -> dict:
     root = params["root"]
-    history = read_history(root)
+    history, damaged = read_history_checked(root)
     current, _link = current_release(root)
     rows = listing(history)
     for row, entry in zip(rows, history, strict=True):
@@ -102,7 +121,7 @@ def run(params: dict) -> dict:
             record = read_json(run_path(root, entry["run_id"], SUPERVISOR)) or {}
             row["goodput"] = record.get("goodput")
             row["restarts"] = (record.get("restarts") or {}).get("count")
-    result = {"changed": False, "deployments": rows, "current": current}
+    result = {"changed": False, "deployments": rows, "current": current, "damaged": damaged}
     if params["diff_from"] or params["diff_to"]:
         old = select(history, current, params["diff_from"] or "previous")
         new = select(history, current, params["diff_to"] or "current")
@@ -120,7 +139,10 @@ def main() -> None:
         supports_check_mode=True,
     )
     try:
-        module.exit_json(**run(module.params))
+        result = run(module.params)
+        for warning in damage_warnings(module.params["root"], result["damaged"]):
+            module.warn(warning)
+        module.exit_json(**result)
     except SelectorError as err:
         module.fail_json(msg=f"{module.params['root']}: {err}")
 

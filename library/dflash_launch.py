@@ -158,6 +158,19 @@ msg:
   description: What happened, in a sentence (what was stopped, started, adopted or kept).
   type: str
   returned: always
+steps_lost:
+  description:
+    - Steps the previous run had made past the checkpoint the new trainer resumed from (also in
+      its history line); 0 when none were lost or it is not known.
+  type: int
+  returned: when a trainer was started
+record_repaired:
+  description:
+    - What was wrong with trainer.json (missing, torn, naming another pid) when the one trainer
+      that runs was found by the process scan and its run folder's own copy; trainer.json is
+      rewritten from that copy, and the trainer is judged as any other.
+  type: str
+  returned: when trainer.json was repaired
 adopted:
   description: Whether a running trainer of an interrupted run was health-checked and recorded.
   type: bool
@@ -180,6 +193,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_data import read_data
+from ansible.module_utils.dflash_disk import disk_full_message, is_disk_full
 from ansible.module_utils.dflash_health import (
     LaunchError,
     job_problem,
@@ -201,7 +215,9 @@ from ansible.module_utils.dflash_runs import (
     TRAINER_FILE,
     recorded_status,
     start_run,
+    trainer_record,
     utc_now,
+    write_trainer_record,
 )
 from ansible.module_utils.dflash_state import (
     GOOD_RESULTS,
@@ -211,7 +227,6 @@ from ansible.module_utils.dflash_state import (
     TRAIN_LOG,
     current_release,
     read_history,
-    read_json,
     read_manifest,
     read_run_script,
     run_path,
@@ -219,14 +234,13 @@ from ansible.module_utils.dflash_state import (
 )
 
 
-def plan_here(root: str, trainers: list[dict], tree: str | None, run_sh_sha: str | None,
-              restart: bool) -> dict:  # fmt: skip
+def plan_here(root: str, trainers: list[dict], record: dict | None, tree: str | None,
+              run_sh_sha: str | None, restart: bool) -> dict:  # fmt: skip
     """module_utils/dflash_plan.py's trainer decision, on what this target holds now."""
-    status = recorded_status(root)
+    status = recorded_status(root, record)
     data = status.get("data") or {}
     return trainer_plan(
-        read_json(os.path.join(root, TRAINER_FILE)), trainers, status,
-        read_data(data.get("path")) if data.get("path") else None,
+        record, trainers, status, read_data(data.get("path")) if data.get("path") else None,
         tree_sha256=tree, run_sh_sha256=run_sh_sha, restart=restart,
     )  # fmt: skip
 
@@ -244,7 +258,7 @@ def stop(module: AnsibleModule, root: str, trainers: list[dict]) -> dict:
     if params["token"]:
         fence(root, params["token"], phase="stop")
     result["stopped"] = stop_all(trainers, params["stop_timeout"], root)
-    record = read_json(os.path.join(root, TRAINER_FILE)) or {}
+    record = trainer_record(root, trainers)[0] or {}
     record.update(stopped_at=utc_now(), stopped_by=params["stopped_by"])
     write_json_atomic(os.path.join(root, TRAINER_FILE), record)
     result["msg"] = stop_summary(result["stopped"])
@@ -279,6 +293,14 @@ def record_healthy(root: str, params: dict, manifest: dict, release: str, status
     if params["token"]:
         fence(root, params["token"], phase="record")
     return record_once(root, entry)
+
+
+def steps_lost(reached: object, resumed: object) -> int:
+    """Steps the previous run made past the checkpoint this one resumed from (0 when unknown,
+    or when this one started anew from step 0 for another reason)."""
+    if not isinstance(reached, int) or not isinstance(resumed, int) or resumed <= 0:
+        return 0
+    return max(0, reached - resumed)
 
 
 def recorded(root: str, run_id: str) -> bool:
@@ -337,7 +359,12 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
     params, root = module.params, module.params["root"]
     current, _link = current_release(root)
     release, tree, run_sh_sha = wanted(module, current)
-    plan = plan_here(root, trainers, tree, run_sh_sha, params["restart"])
+    record, record_problem = trainer_record(root, trainers)
+    if record_problem:
+        result["record_repaired"] = record_problem
+        if not module.check_mode:  # the cache is put right; the trainer is judged as it is
+            write_json_atomic(os.path.join(root, TRAINER_FILE), record)
+    plan = plan_here(root, trainers, record, tree, run_sh_sha, params["restart"])
     why = "; ".join(plan["why"])
     if module.check_mode and plan["action"] != KEEP:
         result.update(
@@ -362,8 +389,8 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
     if run_sh_sha is None:
         raise LaunchError(f"{run_sh} is missing; the runscript step renders it")
     if plan["action"] == KEEP:
-        record = read_json(os.path.join(root, TRAINER_FILE)) or {}
-        status = recorded_status(root)
+        record = record or {}
+        status = recorded_status(root, record)
         result.update(
             pid=record["pid"], run_id=record["run_id"], status=status,
             tokens_per_s=status.get("tokens_per_s"),
@@ -373,6 +400,7 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
         result["msg"] = f"already running (pid {record['pid']}), not restarted"
         return result
     result["changed"] = True
+    reached = recorded_status(root, record).get("step")  # the old run's last step
     if params["token"]:
         fence(root, params["token"], phase="launch", release=current)
     result["stopped"] = stop_all(trainers, params["stop_timeout"], root)
@@ -382,10 +410,18 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
             f"trainer processes {sorted(set(leftover))} survived SIGKILL; not starting"
         )
     proc, run_id, log_path = start_run(root, current, run_sh)
-    write_json_atomic(os.path.join(root, TRAINER_FILE), {
-        "pid": proc.pid, "run_id": run_id, "release": current, "tree_sha256": tree,
-        "run_sh_sha256": run_sh_sha, "started_at": utc_now(),
-    })  # fmt: skip
+    try:
+        write_trainer_record(root, {
+            "pid": proc.pid, "run_id": run_id, "release": current, "tree_sha256": tree,
+            "run_sh_sha256": run_sh_sha, "started_at": utc_now(),
+        })  # fmt: skip
+    except OSError as err:  # untracked, it must not run: stopped, and the failure said as it is
+        stop_all([t for t in find_trainers(root) if alive(t)], params["stop_timeout"], root)
+        raise LaunchError(
+            f"the trainer (run {run_id}) was stopped again: trainer.json could not be written: "
+            + (disk_full_message(root, err) if is_disk_full(err) else str(err)),
+            run_id=run_id,
+        ) from err
     result.update(pid=proc.pid, run_id=run_id)
     if params["token"]:
         fence(root, params["token"], phase="health check", run_id=run_id)
@@ -402,13 +438,18 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
         err.details.setdefault("run_id", run_id)
         raise
     result.update(status=status, tokens_per_s=tokens_per_s)
-    result["recorded"] = record_healthy(root, params, manifest, current, status, run_id)
+    lost = steps_lost(reached, status.get("resumed_from_step"))
+    result["recorded"] = record_healthy(root, params, manifest, current, status, run_id,
+                                        **({"steps_lost": lost} if lost else {}))  # fmt: skip
     stopped_text = stop_summary(result["stopped"])
     result["msg"] = (
         f"started trainer pid {proc.pid} (run {run_id}, {why}): healthy at step "
         f"{status.get('step')}, {tokens_per_s:.1f} tokens/s"
         + (f"; old trainers: {stopped_text}" if stopped_text else "")
-    )
+        + (f"; resumed from the checkpoint of step {status.get('resumed_from_step')}, the "
+           f"previous run had reached step {reached}: {lost} steps lost" if lost else "")
+    )  # fmt: skip
+    result["steps_lost"] = lost
     return result
 
 
@@ -421,7 +462,11 @@ def run(module: AnsibleModule) -> dict:
     result: dict = {"changed": False, "stopped": {}, "found": [t["pid"] for t in trainers],
                     "adopted": False, "recorded": False}  # fmt: skip
     with Watchdog(root, None if module.check_mode else params["token"]) as dog:
-        return launch(module, dog, trainers, result)
+        result = launch(module, dog, trainers, result)
+    if result.get("record_repaired"):
+        done = "would be rewritten" if module.check_mode else "rewritten"
+        result["msg"] = f"{result['record_repaired']} ({done}); {result.get('msg', '')}"
+    return result
 
 
 def main() -> None:
@@ -456,6 +501,10 @@ def main() -> None:
         module.fail_json(msg=str(err), **err.details)
     except LockError as err:
         module.fail_json(msg=str(err))
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        module.fail_json(msg=disk_full_message(module.params["root"], err))
 
 
 if __name__ == "__main__":

@@ -98,6 +98,7 @@ import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_disk import disk_full_message, is_disk_full
 from ansible.module_utils.dflash_lockfile import LockError, held
 from ansible.module_utils.dflash_record import already_recorded, history_entry, record_once
 from ansible.module_utils.dflash_state import (
@@ -210,6 +211,12 @@ def main() -> None:
         module.exit_json(**run(module))
     except (StateError, LockError) as err:
         module.fail_json(msg=str(err))
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        module.fail_json(
+            msg=f"history.jsonl not written: {disk_full_message(module.params['root'], err)}"
+        )
 
 
 if __name__ == "__main__":

@@ -61,6 +61,10 @@ archive_sha256:
   description: sha256 of the archive bytes.
   type: str
   returned: success
+target_bytes:
+  description: Bytes the release takes on a target while it is unpacked (archive and files).
+  type: int
+  returned: success
 manifest:
   description: The MANIFEST.json content.
   type: dict
@@ -281,6 +285,8 @@ def main() -> None:
         archive_sha256=sha256_bytes(data),
         manifest={k: v for k, v in manifest.items() if k != "files"},
         file_count=len(manifest["files"]),
+        # What the release takes on a target, its archive while it is pushed included.
+        target_bytes=len(data) + sum(len(blob) for blob, _mode in contents.values()),
     )
 
 

@@ -54,6 +54,7 @@ import os
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_disk import disk_full_message, is_disk_full
 
 
 def read(path: str) -> tuple[str | None, int | None]:
@@ -106,7 +107,8 @@ def main() -> None:
         try:
             write(path, content, mode)
         except OSError as err:
-            module.fail_json(msg=f"cannot write {path}: {err}", **result)
+            why = disk_full_message(os.path.dirname(path), err) if is_disk_full(err) else err
+            module.fail_json(msg=f"cannot write {path}: {why}", **result)
     module.exit_json(**result)
 
 

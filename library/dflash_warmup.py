@@ -45,6 +45,12 @@ options:
     description: Seconds the compilation may take.
     type: int
     default: 1800
+  disk_reserve_mb:
+    description:
+      - Free space (MB) the compilation never takes from the cache's file system; it is stopped
+        once less is free (0 = off).
+    type: int
+    default: 1024
 attributes:
   check_mode:
     support: full
@@ -78,6 +84,7 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_disk import MB, DiskGuard, DiskSpaceError
 from ansible.module_utils.dflash_guarded import CommandError, run_checked
 from ansible.module_utils.dflash_lockfile import LockError, Watchdog
 
@@ -97,9 +104,16 @@ def run(module: AnsibleModule) -> dict:
     )
     what = "the warmup of " + (f"GPU {params['gpu']}" if params["gpu"] is not None else "the CPU")
     started = time.monotonic()
+    # Compiled kernels can take gigabytes: the warmup stops before the running trainer's room.
+    guard = DiskGuard(params["cache_dir"], params["disk_reserve_mb"] * MB)
+
+    def check() -> None:
+        dog.check()
+        guard.check()
+
     with Watchdog(params["root"], params["token"]) as dog:
         out = run_checked(
-            argv, params["timeout"], what, env=env, check=dog.check, cwd=params["code_dir"],
+            argv, params["timeout"], what, env=env, check=check, cwd=params["code_dir"],
             timeout_name="dflash_compile_cache_warm_timeout",
         )  # fmt: skip
     return {
@@ -120,12 +134,13 @@ def main() -> None:
             "gpu": {"type": "int"},
             "timeout": {"type": "int", "default": 1800},
             "token": {"type": "str", "no_log": False},
+            "disk_reserve_mb": {"type": "int", "default": 1024},
         },
         supports_check_mode=True,
     )
     try:
         module.exit_json(**run(module))
-    except (CommandError, LockError) as err:
+    except (CommandError, LockError, DiskSpaceError) as err:
         module.fail_json(msg=str(err))
 
 

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 
+from ansible.module_utils.dflash_disk import WHEEL_EXPANSION, tree_bytes
 from ansible.module_utils.dflash_env_lock import (
     adopts,
     interpreter_versions,
@@ -65,6 +66,24 @@ def wheelhouse_files(folder: str) -> dict[tuple[str, str], str]:
         if parsed:
             found[parsed] = path
     return found
+
+
+def install_estimate(lock: dict, reference_env: str | None) -> tuple[int, str]:
+    """About how many bytes an env of `lock` takes once built, and from what: its wheels' sizes
+    times WHEEL_EXPANSION (a wheelhouse), else the size of `reference_env` (the current
+    deployment's env: an index's wheel sizes are not known here); (0, why) without either."""
+    source = lock.get("source") or {}
+    if source.get("wheelhouse"):
+        try:
+            files = wheelhouse_files(source["wheelhouse"])
+        except EnvError:
+            return 0, "its wheelhouse is missing"
+        paths = [files[key] for key in pinned(lock).items() if key in files]
+        wheels = sum(os.path.getsize(path) for path in paths)
+        return wheels * WHEEL_EXPANSION, f"{WHEEL_EXPANSION}x its {len(paths)} wheels"
+    if reference_env and os.path.isdir(reference_env):
+        return tree_bytes(reference_env), f"as large as {reference_env}"
+    return 0, "its size is not known before it is built"
 
 
 def check_wheelhouse(lock: dict, folder: str) -> dict[tuple[str, str], str]:

@@ -57,6 +57,8 @@ def listing(history: list[dict]) -> list[dict]:
                 "export": entry.get("export"),
                 # The supervisor's restart lines: why, and what the crash cost.
                 "reason": entry.get("reason"),
+                # An interrupted deploy or rollback: the phase it reached.
+                "phase": entry.get("phase"),
                 "steps_lost": entry.get("steps_lost"),
                 "time_to_first_step_s": entry.get("time_to_first_step_s"),
             }

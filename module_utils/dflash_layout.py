@@ -17,8 +17,8 @@ DATA_FLAGS = {
 }
 RESERVED_ENV_PREFIXES = ("DFLASH_",)
 RESERVED_ENV = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTHONDONTWRITEBYTECODE"}
-# Allowed, but they change what code runs beside the release and its env, which verify cannot
-# see: preflight warns.
+# They change what code runs beside the release and its env, which verify cannot see: preflight
+# warns (refuses with dflash_strict_vars) unless dflash_trainer_env_allow lists the name.
 CODE_CHANGING_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME")
 
 
@@ -168,13 +168,15 @@ def checked_value(value: str, name: str) -> str:
     return value
 
 
-def env_warnings(env: dict[str, str]) -> list[str]:
-    """A warning for each trainer variable that makes other code run than the deployed one."""
+def code_changing_env(env: dict[str, str], allowed: list[str]) -> list[str]:
+    """A message for each trainer variable that makes other code run than the deployed one,
+    unless dflash_trainer_env_allow names it."""
     return [
         f"dflash_trainer_env sets {name}={env[name]!r}: the trainer then loads code from outside "
-        "its release and env, which verify does not check; leave it out unless you mean it"
+        "its release and env, which verify does not check; leave it out, or list it in "
+        f"dflash_trainer_env_allow: [{name}] if you mean it"
         for name in CODE_CHANGING_ENV
-        if name in env
+        if name in env and name not in allowed
     ]
 
 

@@ -155,10 +155,12 @@ def read_lock(root: str) -> dict | None:
 
 def acquire(
     root: str, token: str, holder: dict, action: str, release: str | None,
-    take_over: str | None = None,
+    take_over: str | None = None, from_release: str | None = None,
 ) -> dict:  # fmt: skip
     """Take the lock for `token`, or return who holds it. `take_over` names the token of a
-    holder the caller judged dead or expired: only that one is replaced."""
+    holder the caller judged dead or expired: only that one is replaced. `release` (what the
+    run makes current, once known) and `from_release` (what was current when it began) are its
+    intent, which a run that takes over after an interruption reads."""
     created = False
     if not os.path.isdir(root):
         os.mkdir(root, 0o755)
@@ -175,6 +177,7 @@ def acquire(
             "holder": holder,
             "action": action,
             "release": release,
+            "from_release": from_release,
             "started": utc_now(),
             "phase": "locked",
             ROOT_CREATED: created,

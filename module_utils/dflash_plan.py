@@ -103,7 +103,10 @@ def _trainer_work(state: dict, tree_sha256: str, run_sh_sha256: str) -> list[str
     plan = facts_trainer_plan(state, tree_sha256, run_sh_sha256)
     if plan["action"] != KEEP:
         return plan["why"]
-    record = (state.get("trainers") or {}).get("record") or {}
+    trainers = state.get("trainers") or {}
+    if trainers.get("record_problem"):  # the launch rewrites it, and keeps the trainer
+        return [f"{trainers['record_problem']}: trainer.json is rewritten"]
+    record = trainers.get("record") or {}
     last = last_deployment(state.get("history") or []) or {}
     if last.get("run_id") != record.get("run_id"):
         return ["history's newest deployment is not this trainer's run (it is adopted)"]

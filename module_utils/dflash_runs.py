@@ -16,6 +16,7 @@ from ansible.module_utils.dflash_state import (
     TRAIN_LOG,
     read_json,
     run_path,
+    write_json_atomic,
 )
 
 TRAINER_FILE = "trainer.json"
@@ -25,9 +26,41 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def recorded_status(root: str) -> dict:
-    """The status.json of the trainer trainer.json names ({} without one)."""
-    run_id = (read_json(os.path.join(root, TRAINER_FILE)) or {}).get("run_id")
+def trainer_record(root: str, processes: list[dict]) -> tuple[dict | None, str | None]:
+    """Which run the launcher started: trainer.json, a cache of the copy in the run's own folder.
+    When it is missing, torn or names no trainer of this root while exactly one trainer runs,
+    that trainer's own copy (runs/<its run id>/trainer.json) is the record, with a sentence
+    saying what was wrong with trainer.json (else None)."""
+    path = os.path.join(root, TRAINER_FILE)
+    record = read_json(path)
+    record = record if isinstance(record, dict) else None
+    jobs = {proc["job"] for proc in processes}
+    if len(jobs) != 1 or (record and record.get("pid") in jobs):
+        return record, None
+    job = jobs.pop()
+    run_id = next((p.get("run_id") for p in processes if p["pid"] == job), None)
+    own = read_json(run_path(root, run_id, TRAINER_FILE)) if run_id else None
+    if not isinstance(own, dict) or own.get("pid") != job:
+        return record, None
+    if record:
+        wrong = f"names pid {record.get('pid')}, which is no trainer of this root"
+    else:
+        wrong = "is missing" if not os.path.exists(path) else "is not a JSON record"
+    return own, (
+        f"{path} {wrong}; the trainer that runs is pid {job} (run {run_id}), as "
+        f"{run_path(root, run_id, TRAINER_FILE)} says"
+    )
+
+
+def write_trainer_record(root: str, record: dict) -> None:
+    """trainer.json, and its copy in the run's folder, from which a lost one is rebuilt."""
+    write_json_atomic(run_path(root, record["run_id"], TRAINER_FILE), record)
+    write_json_atomic(os.path.join(root, TRAINER_FILE), record)
+
+
+def recorded_status(root: str, record: dict | None) -> dict:
+    """The status.json of the run `record` (trainer_record) names ({} without one)."""
+    run_id = (record or {}).get("run_id")
     return (read_json(run_path(root, run_id, STATUS)) or {}) if run_id else {}
 
 

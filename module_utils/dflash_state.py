@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import shutil
@@ -19,12 +21,16 @@ except ImportError:  # on the controller: module_utils/ is on the venv's path (p
 RELEASES = "releases"
 CURRENT = "current"
 HISTORY = "history.jsonl"
+# Where append_history keeps a torn last line of history.jsonl (a writer killed mid-write).
+HISTORY_TORN = "history.jsonl.torn"
 INCOMING = ".incoming"
 TMP_PREFIX = ".tmp-"
 RUN_SH = "run.sh"
 RUNS = "runs"
 ENVS = "envs"
 CACHE = "cache"
+# In envs/<lock id>/: written last by a build, so an env without it is one cut short.
+ENV_MARKER = ".dflash-env.json"
 # In runs/<run id>/: the trainer's heartbeat and its log.
 STATUS = "status.json"
 # The trainer's supervisor's record of a run: restarts, goodput (dflash/supervise.py).
@@ -63,9 +69,14 @@ def read_json(path: str) -> dict | None:
 def write_json_atomic(path: str, data: dict) -> None:
     """Write a JSON file whole or not at all (a temp file renamed over it)."""
     tmp = f"{path}.{TMP_PREFIX}{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2)
+        os.replace(tmp, path)
+    except OSError:  # a full disk: no temp file left behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def read_manifest(folder: str) -> dict | None:
@@ -132,28 +143,89 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def read_history(root: str) -> list[dict]:
-    """history.jsonl entries, oldest first; a torn last line (killed writer) is skipped."""
+def read_history_checked(root: str) -> tuple[list[dict], list[dict]]:
+    """history.jsonl's entries, oldest first, and its damaged lines: each {line (from 1),
+    bytes, text (the start of it)} of a line that is not one JSON object (a writer cut short,
+    a hand edit). Readers skip those, and say so."""
     path = os.path.join(root, HISTORY)
     entries: list[dict] = []
+    damaged: list[dict] = []
     try:
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                with contextlib.suppress(ValueError):
-                    entries.append(json.loads(line))
+        with open(path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    entry = json.loads(raw)
+                except ValueError:
+                    entry = None
+                if isinstance(entry, dict):
+                    entries.append(entry)
+                else:
+                    text = raw.decode("utf-8", "replace").rstrip("\n")
+                    damaged.append({"line": number, "bytes": len(raw), "text": text[:80]})
     except FileNotFoundError:
         pass
-    return entries
+    return entries, damaged
 
 
-def append_history(root: str, entry: dict) -> None:
-    line = json.dumps(entry, sort_keys=True) + "\n"
-    fd = os.open(os.path.join(root, HISTORY), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+def read_history(root: str) -> list[dict]:
+    """history.jsonl's entries, oldest first (damaged lines skipped: read_history_checked)."""
+    return read_history_checked(root)[0]
+
+
+def _torn_tail(fd: int, size: int) -> int:
+    """Where the file's last complete line ends: `size` unless the file ends inside a line."""
+    end = size
+    while end > 0:
+        start = max(0, end - 65536)
+        chunk = os.pread(fd, end - start, start)
+        if end == size and chunk.endswith(b"\n"):
+            return size
+        newline = chunk.rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        end = start
+    return 0
+
+
+def append_history(root: str, entry: dict | None) -> dict | None:
+    """Append one line, whole or not at all (None: only the repair below). A last line left
+    torn by a killed writer is first moved to history.jsonl.torn (kept, never lost) so that the
+    new line starts on a line of its own; that move is returned ({line, bytes, kept}), else
+    None. Writers take the file's flock (the trainer's supervisor too: dflash/supervision.py)."""
+    line = b"" if entry is None else (json.dumps(entry, sort_keys=True) + "\n").encode()
+    path = os.path.join(root, HISTORY)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    moved = None
     try:
-        os.write(fd, line.encode())
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        whole = _torn_tail(fd, size)
+        if whole < size:
+            moved = _keep_torn(root, os.pread(fd, size - whole, whole), whole, fd)
+            os.ftruncate(fd, whole)
+        try:
+            written = os.write(fd, line)
+            if written != len(line):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        except OSError:
+            os.ftruncate(fd, whole)  # a short write (disk full) leaves no torn line behind
+            raise
         os.fsync(fd)
     finally:
         os.close(fd)
+    return moved
+
+
+def _keep_torn(root: str, tail: bytes, offset: int, fd: int) -> dict:
+    lines = os.pread(fd, offset, 0).count(b"\n") + 1
+    kept = os.path.join(root, HISTORY_TORN)
+    with open(kept, "ab") as handle:
+        handle.write(tail + b"\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    return {"line": lines, "bytes": len(tail), "kept": kept}
 
 
 def deployment_index(history: list[dict], release: str | None) -> int | None:

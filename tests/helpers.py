@@ -116,8 +116,9 @@ def seed_target(root: Path, envs: Path) -> None:
     subprocess.run(["cp", "-al", str(envs), str(root / "envs")], check=True)
 
 
-def build_wheel(folder: Path, name: str, version: str) -> Path:
-    """A minimal pure-Python wheel (one module), for env tests that need no index."""
+def build_wheel(folder: Path, name: str, version: str, payload_mb: int = 0) -> Path:
+    """A minimal pure-Python wheel (one module), for env tests that need no index; with
+    `payload_mb`, also a file of that many MB of zeros (packed, a few KB: installed, the MB)."""
     import base64
     import hashlib
     import zipfile
@@ -134,6 +135,8 @@ def build_wheel(folder: Path, name: str, version: str) -> Path:
             "Tag: py3-none-any\n"
         ),
     }
+    if payload_mb:
+        files[f"{dist}_payload.txt"] = "0" * (payload_mb * 1024 * 1024)
     record = []
     for path, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
@@ -141,7 +144,7 @@ def build_wheel(folder: Path, name: str, version: str) -> Path:
     record.append(f"{dist}-{version}.dist-info/RECORD,,")
     files[f"{dist}-{version}.dist-info/RECORD"] = "\n".join(record) + "\n"
     wheel = folder / f"{dist}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         for path, text in files.items():
             archive.writestr(path, text)
     return wheel

@@ -167,6 +167,24 @@ def test_warnings_for_unknown_variables_and_code_changing_env(deployed):
     assert snapshot(root) == before
 
 
+def test_code_changing_env_is_refused_when_strict_unless_allowed(deployed):
+    root = Path(deployed["dflash_root"])
+    before = snapshot(root)
+    strict = {**deployed, "dflash_strict_vars": True, "dflash_trainer_env": {"LD_PRELOAD": "/x.so"}}
+    run = run_playbook("deploy.yml", strict)
+    assert run.rc != 0
+    assert "dflash_trainer_env sets LD_PRELOAD='/x.so'" in run.text, run.output
+    assert "dflash_trainer_env_allow: [LD_PRELOAD]" in run.text
+    assert snapshot(root) == before
+    # Listed as meant: neither refused nor warned about.
+    allowed = run_playbook(
+        "deploy.yml", {**strict, "dflash_trainer_env_allow": ["LD_PRELOAD"]}, check=True
+    )
+    assert allowed.rc == 0, allowed.output
+    assert "dflash_trainer_env sets LD_PRELOAD" not in allowed.text
+    assert snapshot(root) == before
+
+
 def test_a_read_only_state_root_is_refused_before_any_change(deployed, tmp_path):
     root = Path(deployed["dflash_root"])
     before = snapshot(root)

@@ -189,5 +189,6 @@ class ActionModule(ActionBase):
                 "What that run left is finished or named by this one"
             ]
         result["lock"] = got["lock"]
+        result["cleaned"] = got.get("cleaned") or []
         result["acquired_at"] = utc_now()
         return result

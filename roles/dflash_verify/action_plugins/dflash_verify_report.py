@@ -85,7 +85,8 @@ prom_path:
 # on one kind needs no `absent()`.
 KINDS = ("code", "release", "stale_process", "duplicate_trainer", "not_running",
          "heartbeat_stale", "hung", "crash_loop", "environment", "run_script", "cache",
-         "throughput", "gpu", "data")  # fmt: skip
+         "throughput", "gpu", "data", "history", "trainer_record", "checkpoint",
+         "disk")  # fmt: skip
 # The causes of lost time that supervisor.json's goodput names (dflash/goodput.py CAUSES).
 BADPUT = ("startup", "checkpoint", "lost", "hang", "down")
 VERDICTS = ("ok", "drift", "unreachable")

@@ -1,0 +1,113 @@
+# What verify says of the state root's own records when a fault damaged them: history.jsonl
+# lines that are not records (`history`), a trainer.json that lost track of the trainer
+# (`trainer_record`), checkpoints the trainer could not read or not write (`checkpoint`), and
+# a file system under the reserve that keeps those writes possible (`disk`).
+# Standard library only: the controller's filters use it.
+from __future__ import annotations
+
+try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
+    from ansible.module_utils.dflash_disk import MB
+    from ansible.module_utils.dflash_findings import finding
+except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
+    from dflash_disk import MB
+    from dflash_findings import finding
+
+
+def history_findings(facts: dict) -> list[dict]:
+    """One `history` finding per damaged line of history.jsonl (readers skip it)."""
+    path = f"{facts.get('root')}/history.jsonl"
+    return [
+        finding(
+            "history",
+            f"line {item['line']}: one JSON record",
+            f"{item['bytes']} bytes that are not one: {item['text']!r}",
+            "a writer was cut short (or the file was edited), so what that line recorded is "
+            "unknown to verify, rollback.yml and history.yml; the next deploy or rollback "
+            "moves a torn last line to history.jsonl.torn, any other line you move there by hand",
+            path=path,
+            line=item["line"],
+        )
+        for item in facts.get("history_damaged") or []
+    ]
+
+
+def record_findings(facts: dict) -> list[dict]:
+    """`trainer_record`: trainer.json lost track of the trainer that runs (found anyway)."""
+    trainers = facts.get("trainers") or {}
+    problem = trainers.get("record_problem")
+    if not problem:
+        return []
+    return [
+        finding(
+            "trainer_record",
+            "trainer.json naming the trainer that runs",
+            problem,
+            "the trainer is found and judged from its run folder's copy; the next deploy.yml "
+            "rewrites trainer.json from it (a healthy trainer is not restarted)",
+            path=f"{facts.get('root')}/trainer.json",
+        )
+    ]
+
+
+def checkpoint_findings(facts: dict) -> list[dict]:
+    """`checkpoint`: files the running trainer skipped as unreadable when it resumed, and a
+    checkpoint it could not write (the disk is full): both lose steps on the next restart."""
+    out = []
+    for proc in (facts.get("trainers") or {}).get("processes") or []:
+        status = proc.get("status") or {}
+        for item in status.get("checkpoint_skipped") or []:
+            out.append(
+                finding(
+                    "checkpoint",
+                    f"checkpoint of step {item.get('step')} readable",
+                    f"cannot be read ({item.get('error')})",
+                    "the trainer resumed from an older one (step "
+                    f"{status.get('resumed_from_step')}); move the file away, it is never used",
+                    path=item.get("path"),
+                    pid=proc["pid"],
+                )
+            )
+        failed = status.get("checkpoint_error") or {}
+        saved = (status.get("checkpoint") or {}).get("step")
+        if failed and (saved is None or failed.get("step", 0) > saved):
+            out.append(
+                finding(
+                    "checkpoint",
+                    f"a checkpoint at step {failed.get('step')}",
+                    f"not written: {failed.get('error')}",
+                    "free space where the checkpoints go; the trainer trains on and saves again "
+                    f"at its next interval (a restart now resumes from step {saved})",
+                    path=failed.get("path"),
+                    pid=proc["pid"],
+                )
+            )
+    return out
+
+
+def disk_findings(facts: dict, reserve_mb: float) -> list[dict]:
+    """`disk`: the root's file system has less free than dflash_disk_reserve_mb: the trainer's
+    next checkpoint, and any deploy, may fail to write (and say so)."""
+    disk = facts.get("disk") or {}
+    free = disk.get("free_bytes")
+    if free is None or not reserve_mb or free >= reserve_mb * MB:
+        return []
+    return [
+        finding(
+            "disk",
+            f"at least {reserve_mb:g} MB free (dflash_disk_reserve_mb)",
+            f"{free / MB:,.0f} MB free of {(disk.get('total_bytes') or 0) / MB:,.0f} MB",
+            "free space on that file system (envs/ no release uses, old checkpoints, other "
+            "files): the trainer's checkpoints fail on a full disk, and a deploy refuses to "
+            "start with less than the reserve",
+            path=disk.get("path"),
+        )
+    ]
+
+
+def state_findings(facts: dict, reserve_mb: float = 0) -> list[dict]:
+    return (
+        history_findings(facts)
+        + record_findings(facts)
+        + checkpoint_findings(facts)
+        + disk_findings(facts, reserve_mb)
+    )

@@ -1,0 +1,258 @@
+"""Nothing lost and nothing misread under faults, each made for real on the local target: a
+rollback killed in its health wait, a tag moved after its release was pruned, a history line
+torn mid-write, trainer.json lost, leftovers of killed writers, a disk too small for a deploy
+and an env build that would eat the space the running trainer needs (on a tmpfs of its own)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, build_wheel, playbook_command, playbook_env
+from tests.integration.conftest import (
+    TRAINER_ARGS,
+    add_release,
+    alive,
+    read_json,
+    small_lock,
+    status_of,
+)
+from tests.integration.test_local_bad_input import snapshot
+from tests.integration.test_local_converge import (
+    HEALTH_STEPS,
+    SLOW_ENOUGH,
+    history,
+    kill_at,
+    training_not_healthy,
+    wait_for,
+)
+
+LAUNCH = "TASK [dflash_launch : Check the files, stop every old trainer"
+
+
+def kinds(run) -> set[str]:
+    return {item["kind"] for item in run.report["hosts"]["local"]["findings"]}
+
+
+def git(repo: Path, *args: str) -> str:
+    cmd = ["git", "-C", str(repo), "-c", "user.email=t@example.invalid", "-c", "user.name=t"]
+    return subprocess.run([*cmd, *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_an_interrupted_rollback_is_finished_by_a_plain_rerun(trainer_repo, playbook, target_root):
+    base = {
+        "dflash_source_dir": str(trainer_repo), "dflash_launch": True,
+        "dflash_trainer_args": SLOW_ENOUGH, "dflash_health_timeout": 240,
+        "dflash_health_steps": HEALTH_STEPS,
+    }  # fmt: skip
+    add_release(trainer_repo, "v2", "dflash/__init__.py", "# v2\n")
+    try:
+        for tag in ("v1", "v2"):
+            run = playbook("deploy.yml", dflash_ref=tag, **base)
+            assert run.rc == 0, run.output
+        root = target_root
+        before = read_json(root / "trainer.json")["run_id"]
+        variables = {
+            **base, "dflash_root": str(root), "dflash_min_throughput_ratio": 0,
+            "dflash_verify_json": str(root.parent / "verify.json"),
+        }  # fmt: skip
+        command = playbook_command("rollback.yml", variables)
+        proc = subprocess.Popen(
+            command, cwd=REPO, env=playbook_env(), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, bufsize=1,
+        )  # fmt: skip
+        kill_at(proc, LAUNCH, training_not_healthy(root, before))
+        lock = read_json(root / ".deploy.lock")
+        assert (lock["action"], lock["release"], lock["from_release"]) == ("rollback", "v1", "v2")
+
+        rerun = playbook("rollback.yml", **base)
+        assert rerun.rc == 0, rerun.output
+        assert "Finishing the interrupted rollback to v1" in rerun.text, rerun.output
+        assert os.readlink(root / "current") == "releases/v1"
+        running = read_json(root / "trainer.json")
+        assert alive(running["pid"]) and status_of(root)["release"] == "v1"
+        interrupted, finished = history(root)[-2:]
+        assert (interrupted["action"], interrupted["result"], interrupted["release"]) == (
+            "rollback", "interrupted", "v1",
+        )  # fmt: skip
+        assert (interrupted["previous"], interrupted["phase"]) == ("v2", "health check")
+        assert (finished["action"], finished["result"], finished["release"]) == (
+            "rollback", "healthy", "v1",
+        )  # fmt: skip
+        assert finished["interrupted_run"]["started"] == interrupted["started"]
+        listed = playbook("history.yml")
+        assert "interrupted (health check)" in listed.text, listed.output
+        assert playbook("verify.yml").rc == 0
+    finally:
+        playbook("playbooks/stop.yml", dflash_stop_timeout=20)
+
+
+def test_a_release_name_means_one_tree_after_its_release_was_pruned(
+    trainer_repo, playbook, target_root
+):
+    source = {"dflash_source_dir": str(trainer_repo), "dflash_keep_releases": 1}
+    old_commit = git(trainer_repo, "rev-parse", "v1")
+    for tag in ("v2", "v3"):
+        add_release(trainer_repo, tag, "dflash/__init__.py", f"# {tag}\n")
+    for tag in ("v1", "v2", "v3"):
+        run = playbook("deploy.yml", dflash_ref=tag, **source)
+        assert run.rc == 0, run.output
+    assert not (target_root / "releases" / "v1").exists(), "keep-N should have pruned v1"
+    # The tag is moved to other code.
+    (trainer_repo / "dflash" / "moved.py").write_text("MOVED = True\n")
+    git(trainer_repo, "add", "-A")
+    git(trainer_repo, "commit", "-qm", "moved")
+    git(trainer_repo, "tag", "-f", "v1")
+    before = snapshot(target_root)
+
+    for name, extra in (("rollback.yml", {"dflash_release": "v1"}),
+                        ("deploy.yml", {"dflash_ref": "v1"})):  # fmt: skip
+        refused = playbook(name, **source, **extra)
+        assert refused.rc != 0, (name, refused.output)
+        assert "the tag was moved since" in refused.text, (name, refused.output)
+        assert f"-e dflash_ref={old_commit}" in refused.text, (name, refused.output)
+        assert snapshot(target_root) == before, name
+
+    # The fix the message names: the recorded commit, under its own name.
+    fixed = playbook("deploy.yml", dflash_ref=old_commit, **source)
+    assert fixed.rc == 0, fixed.output
+    assert os.readlink(target_root / "current") == f"releases/g{old_commit[:12]}"
+
+
+def tear_last_line(path: Path) -> bytes:
+    """Cut history.jsonl's last line in half, as a writer killed mid-write leaves it."""
+    text = path.read_bytes()
+    start = text.rstrip(b"\n").rfind(b"\n") + 1
+    torn = text[start : start + (len(text) - start) // 2]
+    path.write_bytes(text[:start] + torn)
+    return torn
+
+
+def test_a_torn_history_and_a_lost_trainer_json_are_repaired_without_a_restart(
+    deploy, playbook, target_root
+):
+    first = deploy("v1")
+    assert first.rc == 0, first.output
+    root = target_root
+    pid = read_json(root / "trainer.json")["pid"]
+    torn = tear_last_line(root / "history.jsonl")
+    (root / "trainer.json").unlink()
+    # What other killed writers leave: a temp file, a pushed archive, an env cut short.
+    leftovers = [root / "trainer.json..tmp-999999", root / ".incoming" / "v9.tar.gz",
+                 root / "envs" / "lock-cut-short"]  # fmt: skip
+    leftovers[0].write_text("")
+    leftovers[1].parent.mkdir(exist_ok=True)
+    leftovers[1].write_bytes(b"partial")
+    leftovers[2].mkdir()
+
+    verify = playbook("verify.yml")
+    assert verify.rc != 0
+    assert {"history", "trainer_record"} <= kinds(verify), verify.output
+    assert "switched outside" not in verify.text, verify.output
+
+    rerun = deploy("v1")
+    assert rerun.rc == 0, rerun.output
+    text = " ".join(rerun.text.split())
+    assert "moved to" in text and "history.jsonl.torn" in text, rerun.output
+    assert "trainer.json is missing" in text and "(rewritten)" in text, rerun.output
+    for path in leftovers:
+        assert not path.exists() and str(path) in text, (path, rerun.output)
+    assert (root / "history.jsonl.torn").read_bytes() == torn + b"\n"
+    assert [json.loads(line)["release"] for line in (root / "history.jsonl").open()] == ["v1"]
+    assert read_json(root / "trainer.json")["pid"] == pid and alive(pid), "restarted"
+    assert playbook("verify.yml").rc == 0
+
+    # trainer.json naming another process, then torn: found, rewritten, never restarted.
+    for content in ('{"pid": 1, "run_id": "elsewhere"}', '{"pid": 12'):
+        (root / "trainer.json").write_text(content)
+        verify = playbook("verify.yml")
+        assert kinds(verify) == {"trainer_record"}, verify.output
+        again = deploy("v1")
+        assert again.rc == 0 and "(rewritten)" in again.text, again.output
+        assert read_json(root / "trainer.json")["pid"] == pid and alive(pid), content
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """A small tmpfs of its own (the disk cases fill it); unmounted after the test."""
+    mounted: list[Path] = []
+
+    def make(size: str) -> Path:
+        folder = tmp_path / f"disk{len(mounted)}"
+        folder.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if done.returncode != 0:
+            pytest.skip(f"a tmpfs needs root and mount(8): {done.stderr.strip()}")
+        mounted.append(folder)
+        return folder
+
+    yield make
+    for folder in mounted:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def free_mb(path: Path) -> int:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize // (1024 * 1024)
+
+
+def test_a_deploy_the_disk_cannot_hold_is_refused_before_any_change(playbook, tmpfs):
+    root = tmpfs("64m") / "dflash"
+    run = playbook("deploy.yml", dflash_root=str(root))
+    assert run.rc != 0
+    text = " ".join(run.text.split())
+    assert "MB free; this deploy writes about" in text and "dflash_disk_reserve_mb" in text, text
+    assert not root.exists(), "the refused deploy left a state root"
+
+
+def test_an_env_build_stops_before_it_takes_the_running_trainers_space(
+    trainer_repo, playbook, tmpfs, local_envs, local_lock, wheelhouse
+):
+    disk = tmpfs("256m")
+    root = disk / "dflash"
+    python = next(local_envs.glob("*/bin/python"))  # the torch env, adopted: not on the tmpfs
+    base = {
+        "dflash_root": str(root), "dflash_source_dir": str(trainer_repo), "dflash_ref": "v1",
+        "dflash_launch": True, "dflash_trainer_args": TRAINER_ARGS, "dflash_health_timeout": 180,
+        "dflash_disk_reserve_mb": 16,
+        "dflash_env_lock": {**local_lock, "source": {"python": str(python)}},
+    }  # fmt: skip
+    try:
+        first = playbook("deploy.yml", **base)
+        assert first.rc == 0, first.output
+        pid = read_json(root / "trainer.json")["pid"]
+        # A wheel of a few KB that installs 48 MB: the estimate passes, the install would leave
+        # less than the reserve, which is set just above what it leaves.
+        build_wheel(wheelhouse, "dflashtest-big", "1.0", payload_mb=48)
+        lock = small_lock(wheelhouse, wheels={"dflashtest-big": "1.0"})
+        reserve = free_mb(disk) - 24
+        run = playbook("deploy.yml", **{**base, "dflash_env_lock": lock,
+                                        "dflash_disk_reserve_mb": reserve})  # fmt: skip
+        assert run.rc != 0
+        text = " ".join(run.text.split())
+        assert "kept free for the running trainer" in text and "(removed)" in text, run.output
+        assert [p.name for p in (root / "envs").iterdir()] == [
+            p.name for p in (root / "envs").iterdir() if (p / ".dflash-env.json").exists()
+        ], "an unfinished env was left"
+        assert free_mb(disk) > reserve
+        step = status_of(root)["step"]
+        assert read_json(root / "trainer.json")["pid"] == pid and alive(pid)
+        assert wait_for(lambda: status_of(root)["step"] > step, 60), "the trainer stopped"
+
+        # Under the reserve, no running trainer is replaced by one that could not write.
+        full = playbook(
+            "deploy.yml", **{**base, "dflash_restart": True, "dflash_disk_reserve_mb": 1 << 20}
+        )
+        assert full.rc != 0
+        assert "none is started or replaced" in " ".join(full.text.split()), full.output
+        assert read_json(root / "trainer.json")["pid"] == pid and alive(pid)
+    finally:
+        playbook("playbooks/stop.yml", dflash_root=str(root), dflash_stop_timeout=20)
