@@ -1,0 +1,141 @@
+"""history.jsonl under faults (a torn last line, a write cut short by a full disk, a damaged line
+in the middle), the leftovers a killed writer leaves, and a deploy's disk estimate, on real
+files and, for the full disk, a real tmpfs."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from ansible.module_utils.dflash_disk import MB, deploy_need
+from ansible.module_utils.dflash_leftovers import clean
+from ansible.module_utils.dflash_state import (
+    append_history,
+    read_history_checked,
+    write_json_atomic,
+)
+from dflash_state_findings import history_findings
+
+from dflash.supervision import append_line
+
+
+def torn_history(root: Path) -> bytes:
+    append_history(str(root), {"release": "v1", "result": "healthy"})
+    torn = b'{"release": "v2", "res'
+    with (root / "history.jsonl").open("ab") as handle:
+        handle.write(torn)
+    return torn
+
+
+@pytest.mark.parametrize("writer", ["toolkit", "supervisor"])
+def test_an_append_after_a_torn_line_starts_its_own_line_and_keeps_the_torn_one(
+    tmp_path: Path, writer: str
+) -> None:
+    torn = torn_history(tmp_path)
+    entries, damaged = read_history_checked(str(tmp_path))
+    assert [e["release"] for e in entries] == ["v1"]
+    assert damaged == [{"line": 2, "bytes": len(torn), "text": torn.decode()}]
+    new = {"release": "v3", "result": "healthy"}
+    if writer == "toolkit":
+        moved = append_history(str(tmp_path), new)
+        kept = str(tmp_path / "history.jsonl.torn")
+        assert moved == {"line": 2, "bytes": len(torn), "kept": kept}
+    else:
+        append_line(tmp_path / "history.jsonl", (json.dumps(new) + "\n").encode())
+    entries, damaged = read_history_checked(str(tmp_path))
+    assert [e["release"] for e in entries] == ["v1", "v3"] and damaged == []
+    assert (tmp_path / "history.jsonl.torn").read_bytes() == torn + b"\n"
+
+
+def test_a_damaged_line_in_the_middle_is_a_finding_with_its_number(tmp_path: Path) -> None:
+    append_history(str(tmp_path), {"release": "v1"})
+    with (tmp_path / "history.jsonl").open("a") as handle:
+        handle.write("edited by hand\n")
+    append_history(str(tmp_path), {"release": "v2"})
+    entries, damaged = read_history_checked(str(tmp_path))
+    assert [e["release"] for e in entries] == ["v1", "v2"]
+    found = history_findings({"root": str(tmp_path), "history_damaged": damaged})
+    assert [(f["kind"], f["line"]) for f in found] == [("history", 2)]
+    assert not (tmp_path / "history.jsonl.torn").exists()  # only a torn last line is moved
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MB tmpfs filled to the last byte."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"a tmpfs needs root and mount(8): {done.stderr.strip()}")
+    try:
+        append_history(str(folder), {"release": "v1", "result": "healthy"})
+        fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError as err:
+            assert err.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_a_write_cut_short_by_a_full_disk_leaves_no_torn_line(full_disk: Path) -> None:
+    before = (full_disk / "history.jsonl").read_bytes()
+    big = {"release": "v2", "run_sh_text": "x" * 20000}
+    with pytest.raises(OSError):
+        append_history(str(full_disk), big)
+    with pytest.raises(OSError):
+        append_line(full_disk / "history.jsonl", (json.dumps(big) + "\n").encode())
+    assert (full_disk / "history.jsonl").read_bytes() == before
+    with pytest.raises(OSError):
+        write_json_atomic(str(full_disk / "trainer.json"), big)
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler", "history.jsonl"]
+
+
+def test_leftovers_of_killed_writers_are_removed_and_named(tmp_path: Path) -> None:
+    (tmp_path / "envs" / "lock-done").mkdir(parents=True)
+    (tmp_path / "envs" / "lock-done" / ".dflash-env.json").write_text("{}")
+    (tmp_path / "envs" / "lock-cut").mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / ".tmp-latest-42").symlink_to("nowhere")
+    (tmp_path / "trainer.json..tmp-42").write_text("")
+    (tmp_path / "current").symlink_to("releases/v1")
+    (tmp_path / ".incoming").mkdir()
+    (tmp_path / ".incoming" / "v2.tar.gz").write_bytes(b"half")
+    torn_history(tmp_path)
+    said = clean(str(tmp_path))
+    gone = ["runs/.tmp-latest-42", "trainer.json..tmp-42", ".incoming/v2.tar.gz", "envs/lock-cut"]
+    for name in gone:
+        assert not (tmp_path / name).is_symlink() and not (tmp_path / name).exists(), name
+        assert any(str(tmp_path / name) in line for line in said), (name, said)
+    assert (tmp_path / "envs" / "lock-done").is_dir() and (tmp_path / "current").is_symlink()
+    assert any("history.jsonl.torn" in line for line in said)
+    assert clean(str(tmp_path)) == []  # nothing twice
+
+
+def test_the_disk_estimate_refuses_only_a_deploy_that_writes_into_the_reserve() -> None:
+    state = {
+        "disk": {"path": "/opt", "free_bytes": 1500 * MB, "total_bytes": 10000 * MB},
+        "release_check": {"present": False},
+        "wanted_env": {
+            "lock_id": "lock-a",
+            "estimate_bytes": 1000 * MB,
+            "estimate_basis": "5x its 3 wheels",
+        },
+    }
+    refused = deploy_need(state, 10 * MB, reserve_mb=1024)
+    assert not refused["ok"] and refused["need_bytes"] == 1010 * MB
+    assert "1,500 MB free" in refused["msg"] and "1,010 MB" in refused["msg"]
+    assert deploy_need(state, 10 * MB, reserve_mb=400)["ok"]
+    nothing_new = {**state, "release_check": {"present": True}, "wanted_env": {"exists": True}}
+    nothing_new["disk"] = {**state["disk"], "free_bytes": 0}
+    assert deploy_need(nothing_new, 10 * MB, reserve_mb=1024)["ok"]
