@@ -40,7 +40,11 @@ def resume(
     loaded: dict[str, Any] = {}  # what the holder read while planning, so it reads it once
 
     def plan() -> dict[str, Any]:
-        where, payload = resume_plan(config.checkpoint_dir, cfg, log)
+        remove_unfinished(config.checkpoint_dir, status, log)
+        skipped: list[dict[str, Any]] = []
+        where, payload = resume_plan(config.checkpoint_dir, cfg, log, skipped)
+        if skipped:  # files left in place that a resume never uses: the user decides
+            status.update(checkpoint_skipped=skipped)
         loaded.update(payload)
         if config.init_from and where["path"] is not None:
             log(f"--init-from {config.init_from} not used: resuming from {where['path']}")
@@ -90,9 +94,11 @@ def resume_order(order: ShardedOrder, folder: Path, cluster: Cluster, log: Log) 
 
 def save_checkpoint(
     trainer: Trainer, config: TrainConfig, status: StatusFile, state_after: str, log: Log
-) -> None:
+) -> bool:
     """The trainer's state and what a resume checks against: the drafter (a resume with other
-    model settings is refused), the data (another order starts anew) and the provenance."""
+    model settings is refused), the data (another order starts anew) and the provenance.
+    Whether it was saved: a full disk loses this checkpoint, not the run (the next one may
+    find room again)."""
     started = time.monotonic()
     status.write(state="checkpointing")
     extra: dict[str, Any] = {
@@ -103,15 +109,59 @@ def save_checkpoint(
         "code_tree_sha256": code_tree_sha256(),
         "training_data": {**trainer.source.data, "seed": config.seed},
     }
-    path = checkpoint.save(config.checkpoint_dir, trainer.step, {**trainer.state_dict(), **extra})
+    payload = {**trainer.state_dict(), **extra}
+    try:
+        path = checkpoint.save(config.checkpoint_dir, trainer.step, payload)
+    except checkpoint.CheckpointWriteError as exc:
+        not_saved(trainer.step, exc, config, status, state_after, log)
+        status.write(state=state_after, checkpoint_seconds=seconds_spent(status, started))
+        return False
     checkpoint.prune(config.checkpoint_dir, config.keep_checkpoints)
-    spent = status.snapshot()["checkpoint_seconds"] + time.monotonic() - started
     status.write(
         state=state_after,
         checkpoint={"path": str(path), "step": trainer.step, "at": utc_now()},
-        checkpoint_seconds=round(spent, 3),
+        checkpoint_seconds=seconds_spent(status, started),
     )
     log(f"checkpoint {path}")
+    return True
+
+
+def not_saved(
+    step: int,
+    exc: checkpoint.CheckpointWriteError,
+    config: TrainConfig,
+    status: StatusFile,
+    state_after: str,
+    log: Log,
+) -> None:
+    """Say in the log and status.json that the checkpoint of `step` was not written, and which
+    one a restart would resume from."""
+    last = status.snapshot()["checkpoint"]
+    error = str(exc.strerror)
+    goes_on = "training goes on, " if state_after == "running" else ""
+    since = f"step {last['step']}" if last else "none (a restart starts at step 0)"
+    log(
+        f"warning: checkpoint at step {step} not saved: {error.lower()} "
+        f"({config.checkpoint_dir}); {goes_on}the last checkpoint is {since}"
+    )
+    status.update(
+        checkpoint_error={"step": step, "path": exc.filename, "error": error, "at": utc_now()}
+    )
+
+
+def seconds_spent(status: StatusFile, started: float) -> float:
+    """status.json's checkpoint_seconds with this save's time (saved or not) added."""
+    return round(status.snapshot()["checkpoint_seconds"] + time.monotonic() - started, 3)
+
+
+def remove_unfinished(folder: Path, status: StatusFile, log: Log) -> None:
+    """Temp files of writers killed mid-save only take space: removed, each named in the log
+    and in status.json."""
+    removed = checkpoint.remove_unfinished(folder)
+    for path, pid in removed:
+        log(f"removed {path}: a checkpoint left unfinished by a killed writer (pid {pid})")
+    if removed:
+        status.update(checkpoint_temp_removed=[str(path) for path, _ in removed])
 
 
 def checkpoint_holder(cluster: Cluster, folder: Path) -> int:
@@ -143,11 +193,14 @@ def shared_plan(
 
 
 def resume_plan(
-    folder: Path, cfg: DrafterConfig, log: Log
+    folder: Path, cfg: DrafterConfig, log: Log, skipped: list[dict[str, Any]]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The holder's look at the checkpoint folder: where every rank starts (the checkpoint's
-    path and data order), and the checkpoint itself."""
-    found = checkpoint.load_latest(folder, warn=lambda message: log(f"warning: {message}"))
+    path and data order), and the checkpoint itself; newer ones that cannot be used go into
+    `skipped`."""
+    found = checkpoint.load_latest(
+        folder, warn=lambda message: log(f"warning: {message}"), skipped=skipped
+    )
     if found is None:
         log(f"no checkpoint in {folder}: starting at step 0")
         return {"path": None, "data": None}, {}

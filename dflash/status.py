@@ -3,16 +3,21 @@
 A heartbeat thread rewrites the file every `interval_s` seconds whatever the main thread does
 (long compiles, long steps), so `updated_at` proves the process is alive. Of several ranks only
 the lead writes: the others keep a disabled StatusFile, whose writes do nothing.
+
+A write that fails (a full disk) never stops the trainer: the file keeps its last content, and
+`disk_error` says what happened in the next write that succeeds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from dflash.provenance import code_tree_sha256, release_name, versions
 
@@ -21,6 +26,13 @@ STATES = ("starting", "warming", "running", "checkpointing", "stopped", "failed"
 
 def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def print_line(line: str, file: TextIO | None = None) -> None:
+    """print() for log lines: a line that cannot be written (a full disk under the log) is
+    lost, not the process."""
+    with contextlib.suppress(OSError):
+        print(line, file=file, flush=True)
 
 
 class StatusFile:
@@ -77,11 +89,51 @@ class StatusFile:
     def _write_locked(self) -> None:
         if not self.enabled:
             return
-        self._fields["updated_at"] = utc_now()
+        now = utc_now()
+        fields = {**self._fields, "updated_at": now}
+        failing = self._failing()
+        if failing:  # this write, if it succeeds, ends the problem
+            fields["disk_error"] = {**failing, "recovered_at": now}
+        try:
+            self._replace(fields)
+        except OSError as exc:
+            self._remember(exc, now)
+            return
+        self._fields = fields
+        if failing:
+            count = failing["count"]
+            print_line(f"{now} {self.path} written again after {count} failed writes", sys.stderr)
+
+    def _replace(self, fields: dict[str, Any]) -> None:
+        """Write a temp file and rename it over the file; a failed write leaves the file as it
+        was and no temp file."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        temp.write_text(json.dumps(self._fields, indent=2) + "\n")
-        os.replace(temp, self.path)
+        try:
+            temp.write_text(json.dumps(fields, indent=2) + "\n")
+            os.replace(temp, self.path)
+        except OSError:
+            temp.unlink(missing_ok=True)
+            raise
+
+    def _failing(self) -> dict[str, Any] | None:
+        """`disk_error` while writes fail (none succeeded since), else None."""
+        error = self._fields.get("disk_error")
+        return error if error and "recovered_at" not in error else None
+
+    def _remember(self, exc: OSError, now: str) -> None:
+        """Keep a failed write in the fields, for the next write that succeeds; the first
+        failure of a spell is also said on stderr (not every heartbeat)."""
+        error = exc.strerror or str(exc)
+        failing = self._failing()
+        if failing is None:
+            failing = {"error": error, "path": str(self.path), "at": now, "count": 0}
+            print_line(
+                f"{now} warning: cannot write {self.path}: {error}; it keeps its last content "
+                "until a write succeeds, training goes on",
+                sys.stderr,
+            )
+        self._fields["disk_error"] = {**failing, "error": error, "count": failing["count"] + 1}
 
     def start_heartbeat(self) -> None:
         self._thread = threading.Thread(target=self._beat, name="status-heartbeat", daemon=True)

@@ -38,6 +38,7 @@ from dflash.supervision import Policy, RunRecord, log, read_status
 DUMP_WAIT_S = 3.0  # time the stacks get to reach the log before the kill
 POLL_S = 0.5
 SAVE_EVERY_S = 2.0
+FULL_DISK_BYTES = 1 << 20  # less free than this: status.json may fail to be written
 
 
 def hang_after(text: str) -> float | None:
@@ -106,6 +107,7 @@ class Supervisor:
         self.command = command
         self.stop = threading.Event()
         self.stop_reason = ""
+        self.full_disk_at = 0.0  # when the run folder's disk was last seen full
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_stop)
 
@@ -136,9 +138,24 @@ class Supervisor:
             return None
         if status.get("state") != "running":  # warming (compiling) and checkpoints may be long
             return None
-        last = epoch(status.get("last_step_at"))
+        self.note_full_disk()
+        # A full disk stops status.json, not the trainer (dflash/status.py): the steps it
+        # cannot report are no sign of a hang, so idle time counts from when it had room.
+        last = max(epoch(status.get("last_step_at")) or 0.0, self.full_disk_at)
         idle = time.time() - last if last else 0.0
         return idle if idle > self.policy.hang_limit(status) else None
+
+    def note_full_disk(self) -> None:
+        try:
+            stat = os.statvfs(self.record.run_dir)
+        except OSError:
+            return
+        if stat.f_bavail * stat.f_frsize >= FULL_DISK_BYTES:
+            return
+        if not self.full_disk_at:
+            log(f"the disk of {self.record.run_dir} is full: status.json cannot be written, so "
+                "the trainer is not judged hung until it has room again")  # fmt: skip
+        self.full_disk_at = time.time()
 
     def kill_hung(self, proc: subprocess.Popen[bytes], idle: float, status: dict[str, Any]) -> None:
         tree = [proc.pid, *descendants(proc.pid)]

@@ -31,12 +31,12 @@ from dflash.flags import train_parser
 from dflash.provenance import code_tree_sha256, header_lines
 from dflash.resume import resume, resume_order, save_checkpoint
 from dflash.stages import StageWindow, stage_text
-from dflash.status import StatusFile, utc_now
+from dflash.status import StatusFile, print_line, utc_now
 from dflash.topology import Layout, plan_layout, resolve_roles
 
 
 def log(message: str) -> None:
-    print(f"{utc_now()} {message}", flush=True)
+    print_line(f"{utc_now()} {message}")  # a full disk under the log loses lines, not the run
 
 
 def rank_log(cluster: Cluster) -> Callable[[str], None]:
@@ -155,8 +155,8 @@ def train(config: TrainConfig, cluster: Cluster, status: StatusFile, stop: StopR
                 f"lr {result.lr:.3e} step_s {throughput.last_step_s:.3f} | {stage_text(means)}"
             )
         if result.step % config.checkpoint_every == 0:
-            save_checkpoint(trainer, config, status, "running", log)
-            saved_step = trainer.step
+            saved = save_checkpoint(trainer, config, status, "running", log)
+            saved_step = trainer.step if saved else saved_step  # unsaved: the shutdown tries
         if config.sleep_per_step:
             stop.event.wait(config.sleep_per_step)
 

@@ -16,7 +16,8 @@ DATA_FLAGS = {
     "data_cache": "dflash_data (its JSONL cache is <root>/data-cache)",
 }
 RESERVED_ENV_PREFIXES = ("DFLASH_",)
-RESERVED_ENV = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTHONDONTWRITEBYTECODE"}
+RESERVED_ENV = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTHONDONTWRITEBYTECODE",
+                "PYTHONUNBUFFERED"}  # fmt: skip
 # They change what code runs beside the release and its env, which verify cannot see: preflight
 # warns (refuses with dflash_strict_vars) unless dflash_trainer_env_allow lists the name.
 CODE_CHANGING_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME")

@@ -55,7 +55,10 @@ def checkpoint_findings(facts: dict) -> list[dict]:
     out = []
     for proc in (facts.get("trainers") or {}).get("processes") or []:
         status = proc.get("status") or {}
+        saved = (status.get("checkpoint") or {}).get("step")
         for item in status.get("checkpoint_skipped") or []:
+            if saved is not None and (item.get("step") or 0) <= saved:
+                continue  # rewritten since, or older than a good one: no resume reads it
             out.append(
                 finding(
                     "checkpoint",
@@ -68,7 +71,6 @@ def checkpoint_findings(facts: dict) -> list[dict]:
                 )
             )
         failed = status.get("checkpoint_error") or {}
-        saved = (status.get("checkpoint") or {}).get("step")
         if failed and (saved is None or failed.get("step", 0) > saved):
             out.append(
                 finding(

@@ -28,6 +28,7 @@ from tests.integration.test_local_converge import (
     SLOW_ENOUGH,
     history,
     kill_at,
+    new_run_started,
     training_not_healthy,
     wait_for,
 )
@@ -44,7 +45,10 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run([*cmd, *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
-def test_an_interrupted_rollback_is_finished_by_a_plain_rerun(trainer_repo, playbook, target_root):
+@pytest.mark.parametrize("killed_in", ["launch", "health check"])
+def test_an_interrupted_rollback_is_finished_by_a_plain_rerun(
+    trainer_repo, playbook, target_root, killed_in
+):
     base = {
         "dflash_source_dir": str(trainer_repo), "dflash_launch": True,
         "dflash_trainer_args": SLOW_ENOUGH, "dflash_health_timeout": 240,
@@ -66,7 +70,8 @@ def test_an_interrupted_rollback_is_finished_by_a_plain_rerun(trainer_repo, play
             command, cwd=REPO, env=playbook_env(), stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, bufsize=1,
         )  # fmt: skip
-        kill_at(proc, LAUNCH, training_not_healthy(root, before))
+        started = {"launch": new_run_started, "health check": training_not_healthy}[killed_in]
+        kill_at(proc, LAUNCH, started(root, before))
         lock = read_json(root / ".deploy.lock")
         assert (lock["action"], lock["release"], lock["from_release"]) == ("rollback", "v1", "v2")
 
@@ -80,13 +85,15 @@ def test_an_interrupted_rollback_is_finished_by_a_plain_rerun(trainer_repo, play
         assert (interrupted["action"], interrupted["result"], interrupted["release"]) == (
             "rollback", "interrupted", "v1",
         )  # fmt: skip
-        assert (interrupted["previous"], interrupted["phase"]) == ("v2", "health check")
+        assert interrupted["previous"] == "v2"
+        assert interrupted["phase"] in ({"launch", "health check"} if killed_in == "launch"
+                                        else {"health check"})  # fmt: skip
         assert (finished["action"], finished["result"], finished["release"]) == (
             "rollback", "healthy", "v1",
         )  # fmt: skip
         assert finished["interrupted_run"]["started"] == interrupted["started"]
         listed = playbook("history.yml")
-        assert "interrupted (health check)" in listed.text, listed.output
+        assert f"interrupted ({interrupted['phase']})" in listed.text, listed.output
         assert playbook("verify.yml").rc == 0
     finally:
         playbook("playbooks/stop.yml", dflash_stop_timeout=20)
@@ -256,3 +263,38 @@ def test_an_env_build_stops_before_it_takes_the_running_trainers_space(
         assert read_json(root / "trainer.json")["pid"] == pid and alive(pid)
     finally:
         playbook("playbooks/stop.yml", dflash_root=str(root), dflash_stop_timeout=20)
+
+
+def test_a_crashed_trainer_brought_back_says_what_it_lost_and_what_it_skipped(
+    deploy, playbook, target_root
+):
+    root = target_root
+    args = {**TRAINER_ARGS, "checkpoint_every": 5, "sleep_per_step": 0.1, "status_interval": 0.5}
+    # No supervisor restarts: the crash stays down until a deploy brings the trainer back.
+    first = deploy("v1", dflash_trainer_args=args, dflash_restart_policy={"enabled": False})
+    assert first.rc == 0, first.output
+    assert wait_for(lambda: status_of(root).get("step", 0) >= 17, 120), status_of(root)
+    record = read_json(root / "trainer.json")
+    os.killpg(os.getpgid(record["pid"]), 9)
+    assert wait_for(lambda: not alive(record["pid"]), 30)
+    reached = status_of(root)["step"]
+    # The newest checkpoint cut in half under its final name, a killed writer's temp beside it.
+    saved = sorted((root / "checkpoints").glob("step-*.pt"))
+    newest, good = saved[-1], saved[-2]
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    temp = root / "checkpoints" / f".{newest.name}.999999.tmp"
+    temp.write_bytes(b"half a checkpoint")
+
+    # Brought back (no new checkpoint for a while, so the skipped one stays the newest file).
+    calm = {**args, "checkpoint_every": 100000}
+    rerun = deploy("v1", dflash_trainer_args=calm, dflash_restart_policy={"enabled": False})
+    assert rerun.rc == 0, rerun.output
+    resumed = int(good.name[5:13])
+    assert status_of(root)["resumed_from_step"] == resumed
+    text = " ".join(rerun.text.split())
+    assert f"previous run had reached step {reached}: {reached - resumed} steps lost" in text, text
+    assert history(root)[-1]["steps_lost"] == reached - resumed
+    assert not temp.exists() and str(temp) in status_of(root)["checkpoint_temp_removed"]
+    verify = playbook("verify.yml")
+    found = verify.report["hosts"]["local"]["findings"]
+    assert [(f["kind"], f["path"]) for f in found] == [("checkpoint", str(newest))], found
