@@ -52,9 +52,14 @@ def record_findings(facts: dict) -> list[dict]:
 def checkpoint_findings(facts: dict) -> list[dict]:
     """`checkpoint`: files the running trainer skipped as unreadable when it resumed, and a
     checkpoint it could not write (the disk is full): both lose steps on the next restart."""
-    out = []
-    for proc in (facts.get("trainers") or {}).get("processes") or []:
+    out, runs = [], set()
+    # One trainer's processes (its supervisor, torchrun, ranks) read one status.json.
+    for proc in sorted((facts.get("trainers") or {}).get("processes") or [],
+                       key=lambda p: p["pid"]):  # fmt: skip
         status = proc.get("status") or {}
+        if not status or proc.get("run_id") in runs:
+            continue
+        runs.add(proc.get("run_id"))
         saved = (status.get("checkpoint") or {}).get("step")
         for item in status.get("checkpoint_skipped") or []:
             if saved is not None and (item.get("step") or 0) <= saved:
