@@ -6,7 +6,7 @@ from __future__ import annotations
 from dflash_compile_cache import findings as cache_findings
 from dflash_data import changed_under, identity, recorded
 from dflash_findings import finding
-from dflash_lines import last_deployment
+from dflash_lines import last_deployment, records_code
 from dflash_lockfile import describe, holder_alive
 from dflash_state_findings import state_findings
 from dflash_states import ALIVE
@@ -92,7 +92,8 @@ def release_findings(facts: dict, stale_after: float = 1800) -> list[dict]:
                 path="MANIFEST.json",
             )
         )
-    recorded = [e for e in facts.get("history", []) if e.get("release") == release]
+    recorded = [e for e in facts.get("history", []) if e.get("release") == release
+                and records_code(e)]  # fmt: skip
     if recorded and recorded[-1].get("tree_sha256") != manifest.get("tree_sha256"):
         found.append(
             finding(

@@ -10,7 +10,7 @@ from collections.abc import Callable
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     from ansible.module_utils.dflash_data import diff_fields
     from ansible.module_utils.dflash_env_lock import pinned
-    from ansible.module_utils.dflash_lines import DEPLOY_ACTIONS
+    from ansible.module_utils.dflash_lines import records_code
     from ansible.module_utils.dflash_state import GOOD_RESULTS as GOOD
     from ansible.module_utils.dflash_state import deployment_index
     from ansible.module_utils.dflash_throughput import (
@@ -22,7 +22,7 @@ try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
 except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
     from dflash_data import diff_fields
     from dflash_env_lock import pinned
-    from dflash_lines import DEPLOY_ACTIONS
+    from dflash_lines import records_code
     from dflash_state import GOOD_RESULTS as GOOD
     from dflash_state import deployment_index
     from dflash_throughput import fastest_comparable, fastest_of, rated, shape_of
@@ -120,7 +120,7 @@ def select(history: list[dict], current: str | None, selector: str) -> int:
 def _deployment(entry: dict) -> bool:
     """A deploy or rollback line; an export line records a drafter leaving and a restart line
     the supervisor starting the same deployment again, not code arriving."""
-    return entry.get("action", "deploy") in DEPLOY_ACTIONS
+    return records_code(entry)
 
 
 def _identity(entry: dict) -> tuple:

@@ -6,6 +6,13 @@ from __future__ import annotations
 GOOD_RESULTS = ("healthy", "deployed")
 # Actions that make a release current (other lines, e.g. an export, leave current alone).
 DEPLOY_ACTIONS = ("deploy", "rollback")
+# The line of a deploy or rollback whose lock a later run took over: its intent, no code.
+INTERRUPTED = "interrupted"
+
+
+def records_code(entry: dict) -> bool:
+    """A deploy or rollback line that says what code arrived (not an interrupted one's)."""
+    return entry.get("action", "deploy") in DEPLOY_ACTIONS and entry.get("result") != INTERRUPTED
 
 
 def last_deployment(history: list[dict]) -> dict | None:

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 from ansible.module_utils.dflash_disk import MB, deploy_need
+from ansible.module_utils.dflash_history import select
 from ansible.module_utils.dflash_leftovers import clean
 from ansible.module_utils.dflash_state import (
     append_history,
     read_history_checked,
     write_json_atomic,
 )
+from dflash_filters import dflash_findings
 from dflash_state_findings import history_findings
 
 from dflash.supervision import append_line
@@ -139,3 +141,17 @@ def test_the_disk_estimate_refuses_only_a_deploy_that_writes_into_the_reserve() 
     nothing_new = {**state, "release_check": {"present": True}, "wanted_env": {"exists": True}}
     nothing_new["disk"] = {**state["disk"], "free_bytes": 0}
     assert deploy_need(nothing_new, 10 * MB, reserve_mb=1024)["ok"]
+
+
+def test_an_interrupted_line_names_an_intent_and_no_code() -> None:
+    """A deploy killed after its record, then taken over: the `interrupted` line of the same
+    release is no deployment to compare the release with, nor to select."""
+    recorded = {"action": "deploy", "release": "v6", "result": "healthy", "tree_sha256": "t6"}
+    interrupted = {"action": "deploy", "release": "v6", "result": "interrupted", "phase": "record"}
+    facts = {
+        "root": "/opt/dflash", "root_exists": True, "history": [recorded, interrupted],
+        "current": {"release": "v6", "manifest": {"tree_sha256": "t6"}},
+    }  # fmt: skip
+    assert [f for f in dflash_findings(facts) if f["kind"] == "release"] == []
+    assert select([recorded, interrupted], "v6", "v6") == 0
+    assert select([recorded, interrupted], "v6", "last") == 0
