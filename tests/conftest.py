@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import json
 import os
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -40,6 +41,27 @@ def data_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "data-cache"
     monkeypatch.setenv("DFLASH_DATA_CACHE", str(folder))
     return folder
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """tmpfs(size): a fresh tmpfs of that size (`256k`, `64m`) for the disk-full cases,
+    unmounted (detached) after the test. Needs root, as in CI; without it the test skips."""
+    mounted: list[Path] = []
+
+    def make(size: str) -> Path:
+        point = tmp_path / f"tmpfs-{len(mounted)}"
+        point.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)],
+                              capture_output=True, text=True)  # fmt: skip
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs (the test needs root): {done.stderr.strip()}")
+        mounted.append(point)
+        return point
+
+    yield make
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], check=False)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -182,28 +181,6 @@ def test_a_torn_history_and_a_lost_trainer_json_are_repaired_without_a_restart(
         again = deploy("v1")
         assert again.rc == 0 and "(rewritten)" in again.text, again.output
         assert read_json(root / "trainer.json")["pid"] == pid and alive(pid), content
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
-    """A small tmpfs of its own (the disk cases fill it); unmounted after the test."""
-    mounted: list[Path] = []
-
-    def make(size: str) -> Path:
-        folder = tmp_path / f"disk{len(mounted)}"
-        folder.mkdir()
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-            capture_output=True, text=True,
-        )  # fmt: skip
-        if done.returncode != 0:
-            pytest.skip(f"a tmpfs needs root and mount(8): {done.stderr.strip()}")
-        mounted.append(folder)
-        return folder
-
-    yield make
-    for folder in mounted:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
 def free_mb(path: Path) -> int:

@@ -5,7 +5,6 @@ The tmpfs mounts need root (as in CI); without the right to mount, these tests s
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import json
 import os
@@ -15,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -28,35 +27,7 @@ from dflash.status import StatusFile
 from .conftest import FAST, REPO, argv, cli_env, log_losses, read_status, run_module
 
 T = TypeVar("T")
-LIBC = ctypes.CDLL(None, use_errno=True)
-MNT_DETACH = 2  # umount2: detach now, even if a file is still open there
 NO_SPACE = os.strerror(errno.ENOSPC)
-
-
-@pytest.fixture
-def mount(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
-    """mount(size): a fresh tmpfs of that size (`256k`, `6m`), unmounted after the test."""
-    mounted: list[Path] = []
-
-    def mount_one(size: str) -> Path:
-        point = tmp_path / f"tmpfs-{len(mounted)}"
-        point.mkdir()
-        options = f"size={size}".encode()
-        if LIBC.mount(b"tmpfs", bytes(point), b"tmpfs", 0, options) != 0:
-            code = ctypes.get_errno()
-            if code == errno.EPERM:
-                pytest.skip(f"cannot mount a tmpfs: {os.strerror(code)} (the test needs root)")
-            raise OSError(code, os.strerror(code), str(point))
-        mounted.append(point)
-        return point
-
-    try:
-        yield mount_one
-    finally:
-        for point in mounted:
-            if LIBC.umount2(bytes(point), MNT_DETACH) != 0:
-                code = ctypes.get_errno()
-                raise OSError(code, os.strerror(code), str(point))
 
 
 def top_up(filler: Path) -> None:
@@ -87,8 +58,8 @@ def poll(check: Callable[[], T | None], timeout: float = 120) -> T:
     raise AssertionError(f"not seen within {timeout} s")
 
 
-def test_a_status_write_on_a_full_disk_keeps_the_last_file_and_says_so_later(mount, capsys):
-    disk = mount("256k")
+def test_a_status_write_on_a_full_disk_keeps_the_last_file_and_says_so_later(tmpfs, capsys):
+    disk = tmpfs("256k")
     path = disk / "status.json"
     status = StatusFile(path, "full", interval_s=0.01)
     status.write(state="running", step=1)
@@ -121,8 +92,8 @@ def test_a_status_write_on_a_full_disk_keeps_the_last_file_and_says_so_later(mou
 
 
 @pytest.mark.parametrize("how", ["full disk", "larger than the disk"])
-def test_a_checkpoint_the_disk_has_no_room_for_raises_and_leaves_no_temp_file(mount, how):
-    disk = mount("256k")
+def test_a_checkpoint_the_disk_has_no_room_for_raises_and_leaves_no_temp_file(tmpfs, how):
+    disk = tmpfs("256k")
     folder = disk / "ck"
     checkpoint.save(folder, 1, {"w": torch.zeros(1000)})
     if how == "full disk":
@@ -173,8 +144,8 @@ def test_only_temp_files_of_writers_that_no_longer_run_are_removed(tmp_path):
         living.wait()
 
 
-def test_a_log_line_the_disk_has_no_room_for_is_lost_not_the_trainer(mount):
-    disk = mount("256k")
+def test_a_log_line_the_disk_has_no_room_for_is_lost_not_the_trainer(tmpfs):
+    disk = tmpfs("256k")
     with (disk / "train.log").open("wb") as out:
         fill(disk)
         code = "from dflash.train import log\nfor _ in range(100): log('x' * 4096)"
@@ -193,8 +164,8 @@ WARNING = re.compile(
 
 
 @pytest.mark.slow
-def test_a_full_disk_loses_checkpoints_not_the_run(mount, tmp_path):
-    disk = mount("6m")  # a checkpoint of the tiny drafter takes ~1.5 MB
+def test_a_full_disk_loses_checkpoints_not_the_run(tmpfs, tmp_path):
+    disk = tmpfs("6m")  # a checkpoint of the tiny drafter takes ~1.5 MB
     ck, status_path, log_path = disk / "ck", disk / "status.json", tmp_path / "train.log"
     every = argv("--checkpoint-every 3 --keep-checkpoints 1 --status-interval 0.2")
     files = ["--checkpoint-dir", str(ck), "--status-file", str(status_path), "--run-id", "full"]
