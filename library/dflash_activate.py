@@ -99,7 +99,8 @@ def run(module: AnsibleModule) -> dict:
             f"release {release} is not unpacked under {root}/releases; deploy it first "
             f"(available: {', '.join(list_releases(root)) or 'none'})"
         )
-    with held(root, module.params["token"], "deploy", "activate"):
+    # The release is the run's intent from here: a run that takes the lock over finishes it.
+    with held(root, module.params["token"], "deploy", "activate", release=release):
         for link in stale_links(root):
             os.unlink(link)
         if blocked:

@@ -46,9 +46,8 @@ options:
     default: deploy
   release:
     description:
-      - The release the holder makes current, when known. Taken again with the same token, the
-        lock notes it (a rollback, once it has chosen), and a run that takes the lock over after an
-        interruption finishes that intent.
+      - The release the holder makes current, when known (a rollback's is noted when it switches
+        C(current)); a run that takes the lock over after an interruption finishes that intent.
     type: str
   take_over:
     description: Token of a holder judged dead or expired; only that holder's lock is replaced.

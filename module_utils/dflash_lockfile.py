@@ -228,11 +228,11 @@ def fence(root: str, token: str, **fields: object) -> dict:
 
 
 @contextlib.contextmanager
-def held(root: str, token: str | None, action: str, phase: str) -> Iterator[str]:
-    """The lock for one module's change: the run's own (fenced, phase noted), or, for a module
-    used on its own without a token, one taken and given back around the change."""
+def held(root: str, token: str | None, action: str, phase: str, **fields: object) -> Iterator[str]:
+    """The lock for one module's change: the run's own (fenced, phase and `fields` noted), or,
+    for a module used on its own without a token, one taken and given back around the change."""
     if token:
-        fence(root, token, phase=phase)
+        fence(root, token, phase=phase, **fields)
         yield token
         return
     holder = {"host": os.uname().nodename, "pid": os.getpid(), **kernel_identity()}
