@@ -122,7 +122,8 @@ def root_problem(root: str) -> str | None:
 def interrupted_line(lock: dict) -> dict:
     """history.jsonl's line for a deploy or rollback whose lock was taken over: what it was
     doing (its release, the one it left, the phase it reached), so history misses no attempt.
-    The run that takes over finishes that intent and says so in its own line (`resumes`)."""
+    The run that takes over finishes that intent and names it in its own line
+    (`interrupted_run`)."""
     return {
         "time": utc_now(),
         "action": lock.get("action"),

@@ -374,9 +374,9 @@ def run(module: AnsibleModule) -> dict:
             result["versions"] = build(
                 lock, env_dir, python, files, module.params["pip_timeout"], check
             )
-        except (CommandError, OSError, DiskSpaceError) as err:
-            if isinstance(err, DiskSpaceError):
-                raise DiskSpaceError(f"the build of {env_dir} (removed) {err}") from err
+        except DiskSpaceError as err:
+            raise DiskSpaceError(f"the build of {env_dir} (removed) {err}") from err
+        except (CommandError, OSError) as err:  # pip's own "No space left" is in its output
             if is_disk_full(err) or "No space left" in str(err):
                 raise DiskSpaceError(
                     f"the build of {env_dir} failed and was removed: "

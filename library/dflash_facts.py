@@ -234,7 +234,7 @@ from ansible.module_utils.dflash_env_lock import (
 )
 from ansible.module_utils.dflash_envcheck import install_estimate
 from ansible.module_utils.dflash_gpu import probe
-from ansible.module_utils.dflash_lines import DEPLOY_ACTIONS, GOOD_RESULTS
+from ansible.module_utils.dflash_lines import GOOD_RESULTS, records_code
 from ansible.module_utils.dflash_lockfile import read_lock
 from ansible.module_utils.dflash_procs import find_trainers
 from ansible.module_utils.dflash_release import file_drift, tree_sha256
@@ -337,7 +337,7 @@ def recorded_trees(history: list[dict]) -> dict[str, dict]:
     """Per release name, the tree (and commit) its newest deploy or rollback line recorded."""
     trees: dict[str, dict] = {}
     for entry in history:
-        if entry.get("action", "deploy") in DEPLOY_ACTIONS and entry.get("tree_sha256"):
+        if records_code(entry) and entry.get("tree_sha256"):
             trees[entry["release"]] = {
                 "tree_sha256": entry["tree_sha256"],
                 "commit": entry.get("commit"),

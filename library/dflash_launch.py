@@ -234,10 +234,10 @@ from ansible.module_utils.dflash_state import (
 )
 
 
-def plan_here(root: str, trainers: list[dict], record: dict | None, tree: str | None,
+def plan_here(trainers: list[dict], record: dict | None, status: dict, tree: str | None,
               run_sh_sha: str | None, restart: bool) -> dict:  # fmt: skip
-    """module_utils/dflash_plan.py's trainer decision, on what this target holds now."""
-    status = recorded_status(root, record)
+    """module_utils/dflash_plan.py's trainer decision, on what this target holds now (`status`:
+    the status.json of the run `record` names)."""
     data = status.get("data") or {}
     return trainer_plan(
         record, trainers, status, read_data(data.get("path")) if data.get("path") else None,
@@ -364,7 +364,8 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
         result["record_repaired"] = record_problem
         if not module.check_mode:  # the cache is put right; the trainer is judged as it is
             write_json_atomic(os.path.join(root, TRAINER_FILE), record)
-    plan = plan_here(root, trainers, record, tree, run_sh_sha, params["restart"])
+    before = recorded_status(root, record)  # the recorded run's status, read once
+    plan = plan_here(trainers, record, before, tree, run_sh_sha, params["restart"])
     why = "; ".join(plan["why"])
     if module.check_mode and plan["action"] != KEEP:
         result.update(
@@ -390,7 +391,7 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
         raise LaunchError(f"{run_sh} is missing; the runscript step renders it")
     if plan["action"] == KEEP:
         record = record or {}
-        status = recorded_status(root, record)
+        status = before
         result.update(
             pid=record["pid"], run_id=record["run_id"], status=status,
             tokens_per_s=status.get("tokens_per_s"),
@@ -400,7 +401,7 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
         result["msg"] = f"already running (pid {record['pid']}), not restarted"
         return result
     result["changed"] = True
-    reached = recorded_status(root, record).get("step")  # the old run's last step
+    reached = before.get("step")  # the old run's last step
     if params["token"]:
         fence(root, params["token"], phase="launch", release=current)
     result["stopped"] = stop_all(trainers, params["stop_timeout"], root)

@@ -13,6 +13,8 @@ MB = 1024 * 1024
 # 240 MB and its env 1.2 GB (README "Disk space"). An estimate, with the reserve as margin.
 WHEEL_EXPANSION = 5
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+# What to free, in every message about space.
+FREE_HINT = "Free space there (envs/ no release uses, old checkpoints, other files)"
 
 
 class DiskSpaceError(Exception):
@@ -63,8 +65,7 @@ def disk_full_message(path: str, err: OSError | str) -> str:
     free = free_space(path)
     return (
         f"no space left on the file system of {free['path']} ({megabytes(free['free_bytes'])} "
-        f"free of {megabytes(free['total_bytes'])}): {err}. Free space there (envs/ no release "
-        "uses, old checkpoints, other files), then run again"
+        f"free of {megabytes(free['total_bytes'])}): {err}. {FREE_HINT}, then run again"
     )
 
 
@@ -82,8 +83,8 @@ class DiskGuard:
             raise DiskSpaceError(
                 f"stopped: the file system of {free['path']} has {megabytes(free['free_bytes'])} "
                 f"free, under the {megabytes(self.reserve_bytes)} kept free for the running "
-                "trainer (dflash_disk_reserve_mb). Free space there (envs/ no release uses, old "
-                "checkpoints), or lower the reserve, then run again"
+                f"trainer (dflash_disk_reserve_mb). {FREE_HINT}, or lower the reserve, then "
+                "run again"
             )
 
 
@@ -108,7 +109,7 @@ def deploy_need(state: dict, release_bytes: int, reserve_mb: int) -> dict:
         f"about {megabytes(need)} ("
         + ", ".join(f"{what} {megabytes(size)}" for what, size in parts.items())
         + f") and keeps {megabytes(reserve)} free for the running trainer "
-        "(dflash_disk_reserve_mb). Nothing was changed. Free space there (envs/ no release "
-        "uses, old checkpoints), or point dflash_root at a larger file system"
+        f"(dflash_disk_reserve_mb). Nothing was changed. {FREE_HINT}, or point dflash_root at "
+        "a larger file system"
     )
     return {"parts": parts, "need_bytes": need, "free_bytes": free, "ok": ok, "msg": msg}

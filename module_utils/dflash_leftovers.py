@@ -18,7 +18,6 @@ try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
         RUNS,
         TMP_PREFIX,
         append_history,
-        read_history_checked,
     )
 except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
     from dflash_state import (
@@ -29,7 +28,6 @@ except ImportError:  # on the controller: module_utils/ is on the venv's path (p
         RUNS,
         TMP_PREFIX,
         append_history,
-        read_history_checked,
     )
 
 # write_json_atomic's `<name>.tmp-<pid>`, switch_current's `.tmp-current-<pid>`,
@@ -91,12 +89,6 @@ def clean(root: str) -> list[str]:
 
 def close_torn_history(root: str) -> dict | None:
     """A torn last line of history.jsonl moved aside, as an append would (nothing appended)."""
-    _entries, damaged = read_history_checked(root)
-    path = os.path.join(root, HISTORY)
-    if not damaged or not os.path.isfile(path):
-        return None
-    with open(path, "rb") as handle:
-        handle.seek(-1, os.SEEK_END)
-        if handle.read(1) == b"\n":
-            return None
+    if not os.path.isfile(os.path.join(root, HISTORY)):
+        return None  # an append with nothing to write would create the file
     return append_history(root, None)
