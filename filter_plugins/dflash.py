@@ -251,9 +251,8 @@ def setup_findings(facts: dict) -> list[dict]:
                 package=item["package"],
             )
         )
-    tree = ((facts.get("current") or {}).get("manifest") or {}).get("tree_sha256")
     processes = (facts.get("trainers") or {}).get("processes") or []
-    out += cache_findings(facts.get("cache"), tree, deployment.get("lock") or {}, processes)
+    out += cache_findings(facts.get("cache"), deployment.get("lock") or {}, processes)
     return out
 
 

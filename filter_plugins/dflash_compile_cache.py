@@ -6,10 +6,11 @@ from __future__ import annotations
 from dflash_compile_cache import folder, identity
 
 
-def cache_identity(lock: dict | None, gpus: list[dict], tree_sha256: str) -> dict:
+def cache_identity(lock: dict | None, gpus: list[dict], code: dict) -> dict:
     """The identity for the env lock, the target's GPUs as preflight read them (the first one's
-    name is the GPU model; none: the CPU) and the release tree."""
-    return identity(lock, (gpus[0].get("name") if gpus else None), tree_sha256)
+    name and driver; none: the CPU) and the release's code key (its build result's
+    `cache_code`)."""
+    return identity(lock, gpus[0] if gpus else None, code)
 
 
 def cache_folder(built_by: dict, root: str) -> str:

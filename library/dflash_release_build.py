@@ -53,6 +53,15 @@ tree_sha256:
   description: Tree hash of the package (MANIFEST.json definition).
   type: str
   returned: success
+cache_code:
+  description:
+    - What of the release's code names its compile cache folder, with the versions and the GPU.
+    - C(compiled_sha256), the hash of the files that C(dflash/compiled.py) lists (those the
+      compiled step is traced from); for a release without that file, C(tree_sha256), its
+      whole tree.
+  type: dict
+  returned: success
+  sample: {compiled_sha256: 5d1c0a...}
 archive:
   description: Path of the archive on the controller.
   type: str
@@ -79,6 +88,7 @@ import time
 from datetime import UTC, datetime
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_compile_cache import COMPILED_LIST, CompiledListError, code_key
 from ansible.module_utils.dflash_release import (
     PACKAGE_DIR,
     build_archive,
@@ -274,6 +284,11 @@ def main() -> None:
         contents, manifest, mtime = plan_release(source_dir, ref)
     except BuildError as err:
         module.fail_json(msg=str(err))
+    try:
+        listed = contents.get(COMPILED_LIST)
+        cache_code = code_key(manifest["files"], listed[0] if listed else None)
+    except (CompiledListError, SyntaxError, ValueError) as err:
+        module.fail_json(msg=f"release {manifest['release']}: {err}")
     data = build_archive(contents, manifest, mtime)
     archive = os.path.join(module.params["build_dir"], f"{manifest['release']}.tar.gz")
     changed = write_if_changed(archive, data)
@@ -281,6 +296,7 @@ def main() -> None:
         changed=changed,
         release=manifest["release"],
         tree_sha256=manifest["tree_sha256"],
+        cache_code=cache_code,
         archive=archive,
         archive_sha256=sha256_bytes(data),
         manifest={k: v for k, v in manifest.items() if k != "files"},

@@ -6,6 +6,7 @@
 # same rules. Standard library only.
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -13,31 +14,66 @@ import shutil
 
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     from ansible.module_utils.dflash_findings import finding
+    from ansible.module_utils.dflash_release import tree_sha256
     from ansible.module_utils.dflash_state import CACHE, read_json, write_json_atomic
 except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
     from dflash_findings import finding
+    from dflash_release import tree_sha256
     from dflash_state import CACHE, read_json, write_json_atomic
 
 MARKER = "built-by.json"
+# The release's list of the files its compiled code is keyed by (dflash/compiled.py: FILES).
+COMPILED_LIST = "dflash/compiled.py"
 
 
-def identity(lock: dict | None, gpu: str | None, tree_sha256: str) -> dict:
+class CompiledListError(ValueError):
+    """A release's dflash/compiled.py cannot be read as a list of its own files."""
+
+
+def listed_files(source: bytes) -> list[str]:
+    """FILES of a dflash/compiled.py, read without importing it (it may be another release's)."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "FILES" for t in node.targets
+        ):
+            value = ast.literal_eval(node.value)
+            if isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value):
+                return sorted(value)
+    raise CompiledListError(f"{COMPILED_LIST} has no FILES = (...) tuple of paths")
+
+
+def code_key(files: dict[str, str], compiled_list: bytes | None) -> dict:
+    """The part of a cache's identity that the release's code decides: the hash of the files
+    its compiled code is keyed by ({path: sha256} of the release), or for a release from before
+    that list (no dflash/compiled.py) its whole tree, as then."""
+    if compiled_list is None:
+        return {"tree_sha256": tree_sha256(files)}
+    listed = listed_files(compiled_list)
+    missing = [path for path in listed if path not in files]
+    if missing:
+        raise CompiledListError(
+            f"{COMPILED_LIST} names {', '.join(missing)}, which the release does not hold; "
+            "correct its FILES"
+        )
+    return {"compiled_sha256": tree_sha256({path: files[path] for path in listed})}
+
+
+def identity(lock: dict | None, gpu: dict | None, code: dict) -> dict:
     """What a cache is only ever used by: the torch, Triton and CUDA of the env lock, the GPU
-    model (the first GPU's name; 'cpu' without one) and the release tree."""
-    lock = lock or {}
+    model and driver (the first GPU's; 'cpu' without one) and the code key (code_key)."""
+    lock, gpu = lock or {}, gpu or {}
     return {
         "torch": lock.get("torch"),
         "triton": lock.get("triton"),
         "cuda": lock.get("cuda"),
-        "gpu": gpu or "cpu",
-        "tree_sha256": tree_sha256,
+        "gpu": gpu.get("name") or "cpu",
+        "driver": gpu.get("driver"),
+        **code,
     }
 
 
 def fingerprint(built_by: dict) -> str:
-    # json.dumps with its default separators, as Ansible's to_json wrote it when the name was
-    # computed in Jinja: the folders of earlier deployments keep their names.
-    return hashlib.sha256(json.dumps(built_by).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(built_by, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def folder(root: str, built_by: dict) -> str:
@@ -87,9 +123,16 @@ def mark(cache_dir: str, built_by: dict) -> None:
     write_json_atomic(os.path.join(cache_dir, MARKER), built_by)
 
 
-def findings(cache: dict | None, tree: str | None, lock: dict, processes: list[dict]) -> list[dict]:
-    """verify's `cache` findings: the deployment's cache folder is gone, a cache of another
-    build is in place, or a running trainer uses another folder."""
+def built_for(built_by: dict) -> str:
+    """`torch 2.11.0+cu130 on NVIDIA H200, code 3f2a...`: a marker as a person reads it."""
+    code = built_by.get("compiled_sha256") or built_by.get("tree_sha256")
+    return f"torch {built_by.get('torch')} on {built_by.get('gpu')}, code {str(code)[:12]}"
+
+
+def findings(cache: dict | None, lock: dict, processes: list[dict]) -> list[dict]:
+    """verify's `cache` findings: the deployment's cache folder is gone, its marker says it was
+    built for another identity than its name (a folder copied or moved by hand) or another torch
+    than the lock's, or a running trainer uses another folder."""
     if not cache:
         return []
     out = []
@@ -100,18 +143,20 @@ def findings(cache: dict | None, tree: str | None, lock: dict, processes: list[d
             )
         )
     built = cache.get("built_by")
-    if built and (built.get("tree_sha256") != tree or built.get("torch") != lock.get("torch")
-                  or built.get("triton") != lock.get("triton")):  # fmt: skip
-        out.append(
-            finding(
-                "cache",
-                f"built by torch {lock.get('torch')} for tree {str(tree)[:12]}",
-                f"built by torch {built.get('torch')} for tree "
-                f"{str(built.get('tree_sha256'))[:12]}",
-                "a cache of another build is in place; deploy.yml -e dflash_compile_cache=clear",
-                path=cache["path"],
+    if built:
+        identity_of = {k: v for k, v in built.items() if k != "warmup_flags"}
+        if (fingerprint(identity_of) != os.path.basename(cache["path"])
+                or built.get("torch") != lock.get("torch")):  # fmt: skip
+            out.append(
+                finding(
+                    "cache",
+                    f"a cache named {os.path.basename(cache['path'])}, torch {lock.get('torch')}",
+                    f"built for {built_for(built)}",
+                    "a cache of another build is in place; "
+                    "deploy.yml -e dflash_compile_cache=clear",
+                    path=cache["path"],
+                )
             )
-        )
     named: set[int] = set()
     for proc in processes:
         # One finding per trainer: its supervisor, torchrun and ranks all carry the cache dir.

@@ -3,42 +3,79 @@ name, the changes a deploy makes to it, its marker, and verify's findings."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
+import pytest
 from ansible.module_utils.dflash_compile_cache import (
+    COMPILED_LIST,
     MARKER,
+    CompiledListError,
+    code_key,
     findings,
     fingerprint,
     folder,
     identity,
+    listed_files,
     mark,
     prepare,
     read,
     warm_needed,
 )
-from ansible.plugins.filter.core import to_json
+from ansible.module_utils.dflash_release import tree_sha256
+
+REPO = Path(__file__).resolve().parents[2]
 
 LOCK = {"python": "3.11", "torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0"}
 
 
-def test_the_folder_keeps_the_name_the_jinja_rule_gave_it():
-    """Earlier deployments named the folder in Jinja (to_json | hash('sha256'))[:16]: the
-    same build finds its warm cache after the upgrade."""
-    built_by = identity(LOCK, "NVIDIA H200", "ab" * 32)
-    jinja = hashlib.sha256(to_json(built_by).encode()).hexdigest()[:16]
-    assert fingerprint(built_by) == jinja
-    assert folder("/opt/dflash", built_by) == f"/opt/dflash/cache/{jinja}"
-    assert identity(None, None, "t") == {
-        "torch": None, "triton": None, "cuda": None, "gpu": "cpu", "tree_sha256": "t"
+H200 = {"name": "NVIDIA H200", "driver": "580.95.05"}
+CODE = {"compiled_sha256": "ab" * 32}
+
+
+def test_the_folder_is_named_by_versions_gpu_driver_and_compiled_code():
+    built_by = identity(LOCK, H200, CODE)
+    assert folder("/opt/dflash", built_by) == f"/opt/dflash/cache/{fingerprint(built_by)}"
+    assert fingerprint(json.loads(json.dumps(built_by, sort_keys=True))) == fingerprint(built_by)
+    assert identity(None, None, {"tree_sha256": "t"}) == {
+        "torch": None, "triton": None, "cuda": None, "gpu": "cpu", "driver": None,
+        "tree_sha256": "t",
     }  # fmt: skip
     others = [
-        identity({**LOCK, "torch": "2.12.0"}, "NVIDIA H200", "ab" * 32),
-        identity(LOCK, "NVIDIA H100", "ab" * 32),
-        identity(LOCK, "NVIDIA H200", "cd" * 32),
+        identity({**LOCK, "torch": "2.12.0"}, H200, CODE),
+        identity({**LOCK, "triton": "3.5.0"}, H200, CODE),
+        identity(LOCK, {**H200, "name": "NVIDIA H100"}, CODE),
+        identity(LOCK, {**H200, "driver": "570.1"}, CODE),
+        identity(LOCK, H200, {"compiled_sha256": "cd" * 32}),
     ]
-    assert len({fingerprint(built_by), *map(fingerprint, others)}) == 4
+    assert len({fingerprint(built_by), *map(fingerprint, others)}) == 6
+
+
+COMPILED_PY = b'''"""doc"""
+FILES = (
+    "dflash/model.py",
+    "dflash/step.py",
+)
+'''
+
+
+def test_the_code_key_covers_only_the_listed_files():
+    files = {"dflash/model.py": "1", "dflash/step.py": "2", "dflash/train.py": "3"}
+    key = code_key(files, COMPILED_PY)
+    assert set(key) == {"compiled_sha256"}
+    assert code_key({**files, "dflash/train.py": "4", "dflash/README.md": "5"}, COMPILED_PY) == key
+    assert code_key({**files, "dflash/model.py": "9"}, COMPILED_PY) != key
+    # A release from before the list: its whole tree, as then.
+    assert code_key(files, None) == {"tree_sha256": tree_sha256(files)}
+    with pytest.raises(CompiledListError, match=r"dflash/step\.py, which the release does not"):
+        code_key({"dflash/model.py": "1"}, COMPILED_PY)
+    with pytest.raises(CompiledListError, match="no FILES"):
+        code_key(files, b"OTHER = ()\n")
+
+
+def test_the_repository_list_names_files_of_the_package():
+    listed = listed_files((REPO / COMPILED_LIST).read_bytes())
+    assert listed and all((REPO / path).is_file() for path in listed)
 
 
 def test_prepare_creates_clears_and_says_what(tmp_path: Path):
@@ -64,7 +101,7 @@ def test_prepare_creates_clears_and_says_what(tmp_path: Path):
 def test_the_marker_decides_the_warmup(tmp_path: Path):
     cache = tmp_path / "cache" / "f"
     cache.mkdir(parents=True)
-    wanted = {**identity(LOCK, "cpu", "t"), "warmup_flags": ["--seq-len", "64"]}
+    wanted = {**identity(LOCK, None, CODE), "warmup_flags": ["--seq-len", "64"]}
     assert warm_needed(str(cache), wanted)
     (cache / MARKER).write_text('{"torch": "2.1')  # torn: a warmup must run again
     assert warm_needed(str(cache), wanted)
@@ -77,17 +114,23 @@ def test_the_marker_decides_the_warmup(tmp_path: Path):
 
 def test_verify_findings(tmp_path: Path):
     root = tmp_path
-    cache_dir = root / "cache" / "f"
-    assert findings(None, "t", LOCK, []) == []
+    built_by = identity(LOCK, None, CODE)
+    cache_dir = Path(folder(str(root), built_by))
+    assert findings(None, LOCK, []) == []
     missing = read(str(root), str(cache_dir))
-    assert [f["found"] for f in findings(missing, "t", LOCK, [])] == ["missing"]
+    assert [f["found"] for f in findings(missing, LOCK, [])] == ["missing"]
     cache_dir.mkdir(parents=True)
-    mark(str(cache_dir), identity(LOCK, "cpu", "t"))
+    mark(str(cache_dir), {**built_by, "warmup_flags": ["--compile-drafter"]})
     here = read(str(root), str(cache_dir))
-    assert here["all"] == ["f"] and findings(here, "t", LOCK, []) == []
-    [other] = findings(here, "u" * 12, LOCK, [])
-    assert other["found"] == "built by torch 2.11.0+cu130 for tree t"
-    assert other["hint"].endswith("-e dflash_compile_cache=clear")
+    assert here["all"] == [cache_dir.name] and findings(here, LOCK, []) == []
+    [upgraded] = findings(here, {**LOCK, "torch": "2.12.0"}, [])
+    assert upgraded["found"] == "built for torch 2.11.0+cu130 on cpu, code abababababab"
+    assert upgraded["hint"].endswith("-e dflash_compile_cache=clear")
+    moved = root / "cache" / "0123456789abcdef"  # another build's folder renamed by hand
+    cache_dir.rename(moved)
+    [other] = findings(read(str(root), str(moved)), LOCK, [])
+    assert other["expected"] == "a cache named 0123456789abcdef, torch 2.11.0+cu130"
+    moved.rename(cache_dir)
     procs = [{"pid": 7, "cache_dir": str(root / "cache" / "g")}, {"pid": 8, "cache_dir": None}]
-    [stray] = findings(here, "t", LOCK, procs)
+    [stray] = findings(here, LOCK, procs)
     assert stray["pid"] == 7 and stray["found"] == f"pid 7 uses {root / 'cache' / 'g'}"
