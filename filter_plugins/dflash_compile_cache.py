@@ -3,7 +3,10 @@
 # the target's modules run too.
 from __future__ import annotations
 
-from dflash_compile_cache import folder, identity
+import hashlib
+import json
+
+from dflash_compile_cache import fingerprint, folder, identity
 
 
 def cache_identity(lock: dict | None, gpus: list[dict], code: dict) -> dict:
@@ -17,9 +20,28 @@ def cache_folder(built_by: dict, root: str) -> str:
     return folder(root, built_by)
 
 
+def artifact_name(wanted: dict) -> str:
+    """The controller's file of a warmed cache: its folder's fingerprint and a hash of all it
+    was built by (the warmup's flags included), so only an exact match is ever taken."""
+    exact = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:12]
+    built_by = {k: v for k, v in wanted.items() if k != "warmup_flags"}
+    return f"{fingerprint(built_by)}-{exact}.tar.gz"
+
+
+def first_host_with(hosts: list[str], hostvars: dict, name: str, value: str) -> str:
+    """The first of `hosts` (play order) whose variable `name` equals `value`; '' for none.
+    Hosts that did not set it (no work this run) never match."""
+    for host in hosts:
+        if value and hostvars[host].get(name) == value:
+            return host
+    return ""
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
             "dflash_compile_cache_identity": cache_identity,
             "dflash_compile_cache_folder": cache_folder,
+            "dflash_compile_cache_artifact": artifact_name,
+            "dflash_first_host_with": first_host_with,
         }

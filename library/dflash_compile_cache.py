@@ -1,8 +1,9 @@
 #!/usr/bin/python
 # The target side of the compile cache step (roles/dflash_compile_cache): clear or keep the
-# cache of this build, make sure its folder exists, say whether a warmup must run, and record
-# what built it once the warmup (dflash_warmup, one GPU a task) completed. The rules are
-# module_utils/dflash_compile_cache.py's.
+# cache of this build, make sure its folder exists, say whether a warmup must run, record what
+# built it once the warmup (dflash_warmup, one GPU a task) completed, and pack it for the other
+# hosts of its fingerprint or unpack another host's. The rules are
+# module_utils/dflash_compile_cache.py's and module_utils/dflash_cache_share.py's.
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -11,12 +12,17 @@ module: dflash_compile_cache
 short_description: Prepare the compile cache of a dflash build, or record what built it
 description:
   - The cache of a build is C(<root>/cache/<fingerprint>), named on the controller from the
-    torch, Triton and CUDA of the env lock, the GPU model and the release tree (a cache is only
-    ever used by the build that made it).
+    torch, Triton and CUDA of the env lock, the GPU model and driver, and the hash of the files
+    the release's compiled step is traced from (C(dflash/compiled.py)).
   - C(state=prepared) removes the cache first when I(clear) is set (with I(clear_all), the
     caches of every fingerprint), creates the folder when missing, and answers whether a
     warmup must run (I(wanted) differs from the marker C(built-by.json)).
   - C(state=recorded) writes the marker after a warmup, whole or not at all.
+  - C(state=packed) writes the cache (entries and marker, no temp or lock files) into
+    I(archive), whole or not at all, for the other hosts of the same fingerprint.
+  - C(state=unpacked) takes another host's I(archive) when its marker equals I(wanted) (else
+    it answers C(refused) and changes nothing); new entries are renamed into place one by one,
+    then the marker is written; the archive is removed either way.
 extends_documentation_fragment:
   - dflash_state_root
   - dflash_deploy_lock_token.takes_the_lock
@@ -27,9 +33,10 @@ options:
     required: true
   state:
     description:
-      - C(prepared) clears (when asked) and creates the folder; C(recorded) writes the marker.
+      - C(prepared) clears (when asked) and creates the folder; C(recorded) writes the marker;
+        C(packed) and C(unpacked) share it between hosts through I(archive).
     type: str
-    choices: [prepared, recorded]
+    choices: [prepared, recorded, packed, unpacked]
     default: prepared
   clear:
     description: Remove the cache before use.
@@ -44,6 +51,9 @@ options:
       - What the cache must be built by (the fingerprint's fields and the warmup's flags); with
         C(state=prepared) it decides C(warm_needed), with C(state=recorded) it is written.
     type: dict
+  archive:
+    description: The archive C(state=packed) writes and C(state=unpacked) reads, on the target.
+    type: path
 attributes:
   check_mode:
     support: full
@@ -70,14 +80,52 @@ warm_needed:
   description: Whether the marker does not record I(wanted) (state=prepared with wanted).
   type: bool
   returned: when wanted is given
+archive_sha256:
+  description: sha256 of the archive written.
+  type: str
+  returned: state=packed
+refused:
+  description: Why the archive was not taken (another build's cache); absent when it was.
+  type: str
+  returned: state=unpacked, when refused
 """
 
 import os
+import tarfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_cache_share import pack, refusal, unpack
 from ansible.module_utils.dflash_compile_cache import mark, prepare, warm_needed
 from ansible.module_utils.dflash_lockfile import LockError, held
+from ansible.module_utils.dflash_release import sha256_file
 from ansible.module_utils.dflash_state import CACHE
+
+
+def share(module: AnsibleModule, cache_dir: str) -> dict:
+    """state=packed and state=unpacked."""
+    params = module.params
+    archive, root = params["archive"], params["root"]
+    if params["state"] == "packed":
+        if module.check_mode:
+            return {"changed": True, "done": [f"would pack {cache_dir} into {archive}"]}
+        packed = pack(cache_dir, archive)
+        return {
+            "changed": True,
+            "archive_sha256": sha256_file(archive),
+            "done": [f"packed {packed['files']} files of {cache_dir} ({packed['bytes']} bytes)"],
+        }
+    if module.check_mode and not os.path.exists(archive):  # check mode pushed nothing
+        return {"changed": True, "done": [f"would add the compiled entries of {archive}"]}
+    try:
+        why = refusal(archive, params["wanted"])
+        if why or module.check_mode:
+            return {"changed": not why, "done": [], **({"refused": why} if why else {})}
+        with held(root, params["token"], "deploy", "compile cache"):
+            added = unpack(archive, cache_dir, params["wanted"])
+        return {"changed": True, "done": [f"added {added} compiled entries to {cache_dir}"]}
+    finally:
+        if not module.check_mode and os.path.exists(archive):
+            os.unlink(archive)
 
 
 def run(module: AnsibleModule) -> dict:
@@ -85,6 +133,8 @@ def run(module: AnsibleModule) -> dict:
     root, cache_dir = params["root"], os.path.normpath(params["cache_dir"])
     if os.path.dirname(cache_dir) != os.path.join(os.path.normpath(root), CACHE):
         module.fail_json(msg=f"cache_dir {cache_dir} is not a folder of {root}/{CACHE}")
+    if params["state"] in ("packed", "unpacked"):
+        return share(module, cache_dir)
     if params["state"] == "recorded":
         if not module.check_mode:
             with held(root, params["token"], "deploy", "compile cache"):
@@ -106,18 +156,27 @@ def main() -> None:
         argument_spec={
             "root": {"type": "path", "required": True},
             "cache_dir": {"type": "path", "required": True},
-            "state": {"type": "str", "choices": ["prepared", "recorded"], "default": "prepared"},
+            "state": {
+                "type": "str",
+                "choices": ["prepared", "recorded", "packed", "unpacked"],
+                "default": "prepared",
+            },
             "clear": {"type": "bool", "default": False},
             "clear_all": {"type": "bool", "default": False},
             "wanted": {"type": "dict"},
+            "archive": {"type": "path"},
             "token": {"type": "str", "no_log": False},
         },
-        required_if=[("state", "recorded", ["wanted"])],
+        required_if=[
+            ("state", "recorded", ["wanted"]),
+            ("state", "packed", ["archive"]),
+            ("state", "unpacked", ["archive", "wanted"]),
+        ],
         supports_check_mode=True,
     )
     try:
         module.exit_json(**run(module))
-    except (LockError, OSError) as err:
+    except (LockError, OSError, ValueError, tarfile.TarError) as err:
         module.fail_json(msg=str(err))
 
 
