@@ -60,6 +60,10 @@ class StatusFile:
             "checkpoint": None,  # {path, step, at} of the newest checkpoint this run saved or read
             "checkpoint_seconds": 0.0,  # spent saving checkpoints since this process started
             "stages": None,  # seconds per step by stage (dflash.stages), once steps run
+            # The compile cache this process started on and the canary of its first steps
+            # (dflash.compile_watch): {dir, fingerprint, started_warm, first_step_s, hits,
+            # misses, canary}.
+            "compile_cache": None,
             # Step progress, which the supervisor (dflash.supervise) judges a hang by: a fresh
             # heartbeat proves the process lives, only a new step proves it trains.
             "first_step_at": None,

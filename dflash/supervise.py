@@ -8,6 +8,10 @@ Starts COMMAND (the trainer, or torchrun with its workers) and watches it:
 - it makes no step for the hang limit while its status.json says it runs (a deadlocked
   collective, a stopped rank): every trainer process writes its Python stack to the log
   (faulthandler, SIGUSR1), then the whole process tree is killed and restarted as above;
+- it exits because its compile cache failed the canary (CACHE_SUSPECT_EXIT, and status.json
+  says so: a warm start whose first steps gave NaN, dflash.compile_watch): the cache folder is
+  moved aside (<folder>.failed-<UTC time>, FAILED.json inside) and the trainer restarts at once,
+  with no back-off, to compile anew; it counts as a restart like any other;
 - it exits 0 (finished, or stopped on purpose): the supervisor ends too. SIGTERM or SIGINT to the
   supervisor (stop.yml, a deploy) ends it without a restart, even during a back-off.
 
@@ -33,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash.goodput import epoch
-from dflash.supervision import Policy, RunRecord, log, read_status
+from dflash.supervision import CANARY_FAILED, Policy, RunRecord, log, move_aside, read_status
 
 DUMP_WAIT_S = 3.0  # time the stacks get to reach the log before the kill
 POLL_S = 0.5
@@ -198,6 +202,25 @@ class Supervisor:
         self.record.end(code, reason)
         return code, reason
 
+    def set_cache_aside(self, restart: dict[str, Any], why: str, folder: Path) -> None:
+        """Move the cache that failed its canary out of the restarted trainer's way; a move
+        that fails (the folder gone already) is said, and the restart goes ahead."""
+        restart["reason"] = f"{CANARY_FAILED}: {why}"
+        restart["cache_moved_aside"] = None
+        try:
+            aside = move_aside(folder, restart["reason"], self.record.run_id)
+        except OSError as exc:
+            log(
+                f"the compile cache {folder} failed its canary ({why}) but cannot be moved "
+                f"aside: {exc.strerror or exc}; the trainer restarts at once all the same"
+            )
+            return
+        restart["cache_moved_aside"] = str(aside)
+        log(
+            f"the compile cache {folder} failed its canary ({why}): moved aside to {aside}; the "
+            "trainer restarts at once and compiles anew"
+        )
+
     def run(self) -> int:
         record, policy = self.record, self.policy
         log(f"{' '.join(self.command[:3])}...: restarts {asdict(policy)}")
@@ -210,6 +233,9 @@ class Supervisor:
                 record.state = "stopped"
                 break
             restart = record.note_restart(code, reason)
+            suspect = record.canary_failure(code)
+            if suspect:
+                self.set_cache_aside(restart, *suspect)
             if restart["restarts_in_window"] > policy.max_restarts:
                 record.state = "crash_loop"
                 record.restarts.pop()
@@ -225,7 +251,8 @@ class Supervisor:
                     "stopped until the next deploy"
                 )
                 break
-            wait = policy.backoff(record.quick_failures())
+            # A cold cache is the cure, not time: no back-off after a failed canary.
+            wait = 0.0 if suspect else policy.backoff(record.quick_failures())
             record.state = "backoff"
             log(
                 f"the trainer ended ({record.last_error}) at step {restart['step']}, its last "

@@ -3,8 +3,9 @@
 `Policy`: when to restart (a window, a back-off) and when a trainer hangs. `RunRecord`: each
 start of the trainer (an attempt) with what its status.json said, each restart, the run's
 state, and what it writes: supervisor.json in the run folder (rewritten atomically; goodput from
-dflash.goodput) and one `restart` line per restart in the state root's history.jsonl. Standard
-library only.
+dflash.goodput) and one `restart` line per restart in the state root's history.jsonl.
+`move_aside`: a compile cache whose canary failed (dflash.compile_watch) is renamed out of the
+way, so the restarted trainer compiles anew. Standard library only.
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ HANG_STEPS = 10  # ... nor shorter than this many median steps
 RESTART_FIELDS = (
     "reason", "exit", "step", "checkpoint_step", "steps_lost", "down_s",
     "time_to_first_step_s", "resumed_from_step", "restarts_in_window", "error",
+    "cache_moved_aside",
 )  # fmt: skip
+# The exit code of a trainer whose compile cache failed its canary (dflash.compile_watch), and
+# of a warmup whose compiled step disagrees with the eager one: the cache is suspect.
+CACHE_SUSPECT_EXIT = 3
+# torchrun exits 1 whatever its workers' exit codes: under it, status.json says what happened.
+TORCHRUN_FAILED_EXIT = 1
+CANARY_FAILED = "compile cache failed its canary"  # a restart's reason starts so
 
 
 def utc_text(seconds: float) -> str:
@@ -98,6 +106,17 @@ def write_atomic(path: Path, data: dict[str, Any]) -> None:
         log(f"cannot write {path}: {exc}")
 
 
+def move_aside(folder: Path, reason: str, run_id: str) -> Path:
+    """Rename a suspect compile cache to <folder>.failed-<UTC time>, with a FAILED.json inside
+    that says why; the next trainer finds no folder, so Inductor makes it anew and compiles."""
+    now = time.time()
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    aside = folder.with_name(f"{folder.name}.failed-{stamp}")
+    os.rename(folder, aside)
+    write_atomic(aside / "FAILED.json", {"reason": reason, "run_id": run_id, "time": utc_text(now)})
+    return aside
+
+
 def how_ended(code: int) -> str:
     if code < 0:
         return f"signal {signal.Signals(-code).name}"
@@ -142,7 +161,10 @@ class RunRecord:
         attempt = self.attempts[-1]
         if status.get("attempt", 0) != attempt["attempt"]:
             return
-        for key in ("first_step_at", "last_step_at", "step", "checkpoint_seconds", "error"):
+        copied = (
+            "first_step_at", "last_step_at", "step", "checkpoint_seconds", "error", "compile_cache"
+        )  # fmt: skip
+        for key in copied:
             attempt[key] = status.get(key)
         attempt["resumed_from_step"] = status.get("resumed_from_step") or 0
         saved = status.get("checkpoint") or {}
@@ -162,6 +184,16 @@ class RunRecord:
             return
         status.update(state="failed", exit_code=code, error=f"{how} (written by the supervisor)")
         write_atomic(self.status_path, status)
+
+    def canary_failure(self, code: int) -> tuple[str, Path] | None:
+        """(why, cache folder) when the attempt that just ended was ended by its compile
+        cache's canary: its status.json says the canary failed, and it exited for that
+        (CACHE_SUSPECT_EXIT; TORCHRUN_FAILED_EXIT under torchrun)."""
+        cache = self.attempts[-1].get("compile_cache") or {}
+        canary = cache.get("canary") or {}
+        if canary.get("ok") is not False or code not in (CACHE_SUSPECT_EXIT, TORCHRUN_FAILED_EXIT):
+            return None
+        return canary["reason"], Path(cache["dir"])
 
     # -- restarts -------------------------------------------------------------------------
     def recent_restarts(self) -> int:

@@ -3,6 +3,10 @@
 SIGTERM or SIGINT: the current step finishes, a checkpoint is saved, status.json says
 "stopped", exit 0. On start, training resumes from the newest complete checkpoint.
 
+Exit codes: 0 stopped or done, 2 a bad flag, CACHE_SUSPECT_EXIT (3) when the process started on
+a warm compile cache and its first steps gave a non-finite loss or gradient norm (the canary,
+dflash.compile_watch; the supervisor then moves the cache aside), 1 any other failure.
+
 One process (CPU, one GPU) or one torchrun rank per GPU (`dflash.topology`): the drafter
 ranks agree after every step whether to go on, so all stop after the same step; only the lead
 drafter rank writes status.json, checkpoints and the step lines of the log.
@@ -25,6 +29,7 @@ from typing import Any
 
 from dflash.assemble import build_server, build_trainer
 from dflash.cluster import Cluster, job_fields, torchrun_rank
+from dflash.compile_watch import CacheSuspect, CacheWatch
 from dflash.config import TrainConfig
 from dflash.errors import ConfigError
 from dflash.flags import train_parser
@@ -32,6 +37,7 @@ from dflash.provenance import code_tree_sha256, header_lines
 from dflash.resume import resume, resume_order, save_checkpoint
 from dflash.stages import StageWindow, stage_text
 from dflash.status import StatusFile, print_line, utc_now
+from dflash.supervision import CACHE_SUSPECT_EXIT
 from dflash.topology import Layout, plan_layout, resolve_roles
 
 
@@ -108,9 +114,12 @@ class Throughput:
         return {"steps": len(self.steps), "size": self.steps.maxlen}
 
 
-def train(config: TrainConfig, cluster: Cluster, status: StatusFile, stop: StopRequest) -> int:
+def train(
+    config: TrainConfig, cluster: Cluster, status: StatusFile, stop: StopRequest, cache: CacheWatch
+) -> int:
     """A drafter rank (the only rank of a one-process run): set-up, resume, loop, shutdown."""
     lead = cluster.rank == cluster.layout.lead
+    cache.arm(compiled=config.compile_drafter or cluster.me.device.type == "cuda")
     # Set-up: loading, generating data, compiling; "warming" until the first optimizer step.
     status.write(state="warming")
     trainer = build_trainer(config, cluster, rank_log(cluster))
@@ -129,6 +138,7 @@ def train(config: TrainConfig, cluster: Cluster, status: StatusFile, stop: StopR
             break
         result = trainer.train_step()
         loss, num_tokens = cluster.step_totals(result.loss, result.num_tokens)
+        cache.step_done(result.step, loss, result.grad_norm)  # a warm start's canary may raise
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {result.step}")
         tokens_per_s = throughput.add(num_tokens)  # the whole job's tokens: the same on every rank
@@ -144,6 +154,7 @@ def train(config: TrainConfig, cluster: Cluster, status: StatusFile, stop: StopR
             tokens_per_s=round(tokens_per_s, 1),
             throughput_window=throughput.window,
             stages=means,
+            compile_cache=cache.report(),
         )
         if status.enabled and status.snapshot()["state"] != "running":
             status.write(state="running")  # only now: a real optimizer step is done
@@ -192,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     # SIGUSR1 writes every thread's Python stack to the log: the supervisor's dump of a hang.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     code_tree_sha256()  # hash the code first: that is the code this process holds
+    # Before anything compiles (no rank compiles before every rank has joined `Cluster`).
+    cache = CacheWatch.at_start()
     config = TrainConfig.from_args(train_parser().parse_args(argv))
     rank, world_size = torchrun_rank()
     # Until the layout names the reporters, each node's first process reports (a bad flag
@@ -207,7 +220,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         layout = plan_layout(roles, world_size, on_cpu=config.cpu_ranks)
         status.enabled = layout.reports(rank)
-        status.write(state="starting", gpus=roles.as_dict(), job=job_fields(layout, rank))
+        status.write(
+            state="starting",
+            gpus=roles.as_dict(),
+            job=job_fields(layout, rank),
+            compile_cache=cache.report(),
+        )
         status.start_heartbeat()
         if status.enabled:  # every node's train.log says what runs there
             extra = {"mode": roles.mode, "ranks": describe(layout)}
@@ -215,20 +233,22 @@ def main(argv: list[str] | None = None) -> int:
                 log(line)
         cluster = Cluster(layout, rank, config.dist_timeout)
         if cluster.me.drafter:
-            code = train(config, cluster, status, stop)
+            code = train(config, cluster, status, stop, cache)
         else:
             code = serve(config, cluster)
         cluster.close()
         return code
-    except ConfigError as exc:
+    except (ConfigError, CacheSuspect) as exc:  # said in one line, no traceback
         log(f"{'' if status.enabled else f'[rank {rank}] '}error: {exc}")
-        status.write(state="failed", error=str(exc))
-        return 2
+        status.write(state="failed", error=str(exc), compile_cache=cache.report())
+        return 2 if isinstance(exc, ConfigError) else CACHE_SUSPECT_EXIT
     except Exception as exc:
         if not status.enabled:
             log(f"[rank {rank}] failed:")
         traceback.print_exc(file=sys.stdout)
-        status.write(state="failed", error=f"{type(exc).__name__}: {exc}")
+        status.write(
+            state="failed", error=f"{type(exc).__name__}: {exc}", compile_cache=cache.report()
+        )
         return 1
     finally:
         status.stop_heartbeat()

@@ -29,6 +29,7 @@ class StepResult:
     loss: float
     lr: float
     num_tokens: int
+    grad_norm: float  # of all gradients before clipping (non-finite when they are)
     stages: dict[str, float] = field(default_factory=dict)  # seconds of this step, by stage
 
 
@@ -78,7 +79,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         backward = self.clock.mark()
-        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.grad_clip)
         self.optimizer.step()
         done = self.clock.mark()
         value = loss.item()  # synchronises: every mark of the step can be read now
@@ -90,7 +91,7 @@ class Trainer:
             "drafter_backward": Clock.seconds(forward, backward),
             "optimizer": Clock.seconds(backward, done),
         }
-        return StepResult(self.step, value, lr, batch.num_tokens, stages)
+        return StepResult(self.step, value, lr, batch.num_tokens, grad_norm.item(), stages)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -7,18 +7,40 @@ shape and drafter flags as to `dflash.train` (and --compile-drafter if training 
 the compiled graphs are the ones training will look up. Only the target's config is read;
 frozen weights are random stand-ins of the right shape and dtype. Point
 TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR where the trainer will look. Prints one JSON line
-per device.
+per device: {device, first_step_s, warm_step_s, canary}.
+
+The canary: the first compiled step (compiled now, or loaded from the cache) is run again
+uncompiled, with the same weights, batch and anchor seed, and the two must agree within
+`tolerance` (TOLERANCE), which the JSON line repeats:
+- CPU: relative loss error <= 1e-3 and relative L2 error of the flattened gradients <= 1e-3.
+  Both steps run in fp32 on the dense SDPA path; they differ by the order of float sums only
+  (measured: ~1e-7).
+- CUDA: relative loss error <= 1e-3, gradient error <= 5e-2. Both steps run in bf16 (autocast)
+  with flex_attention, which is compiled in the uncompiled step too: the canary checks the
+  compiled drafter step (--compile-drafter; without it both steps run the same code), not
+  flex_attention's cached kernels, which both share. The dense SDPA path in fp32 would check
+  those too, but it does not fit: at the Qwen3-8B drafter shape (5 layers, 3072 tokens, 512
+  anchors) it asked for 24 GiB more with 118 GiB in use on an H200. Measured on an H200
+  (torch 2.11): loss errors 1e-5 to 6e-5 and gradient errors 5e-3 (tiny target), 1.1e-2
+  (Qwen3-8B width, 2 layers) and 2.0e-2 (the Qwen3-8B drafter shape, 28 GiB at peak); the
+  gradient error grows with depth, so the bound leaves 2.5x at that shape.
+A device whose canary fails is reported like the others; then the warmup exits with
+CACHE_SUSPECT_EXIT (3): the cache it loaded or filled is suspect.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
+import os
 import sys
 import time
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from dflash.config import StepConfig
 from dflash.errors import ConfigError
@@ -26,8 +48,12 @@ from dflash.flags import add_drafter_args, add_shape_args, positive_int
 from dflash.options import build_drafter, drafter_config, fixed_rows, gamma
 from dflash.pipeline import FeatureBatch
 from dflash.step import DrafterStep
+from dflash.supervision import CACHE_SUSPECT_EXIT
 from dflash.target import load_target_config
 from dflash.topology import parse_gpu_list, require_gpus
+
+# The canary's bounds by device type: (relative loss error, relative L2 error of the gradients).
+TOLERANCE = {"cpu": (1e-3, 1e-3), "cuda": (1e-3, 5e-2)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,17 +79,71 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclasses.dataclass
+class StepRun:
+    loss: float
+    grads: Tensor  # every trainable gradient, flattened, in fp32
+    seconds: float  # forward and backward
+
+
+def run_step(step: DrafterStep, batch: FeatureBatch, seed: int) -> StepRun:
+    """One forward and backward from zeroed gradients, timed."""
+    step.drafter.zero_grad(set_to_none=True)
+    start = time.perf_counter()
+    loss = step.loss(batch, torch.Generator().manual_seed(seed))
+    loss.backward()
+    synchronize(step.device)
+    seconds = time.perf_counter() - start
+    grads = torch.cat([p.grad.flatten().float() for p in step.drafter.parameters()])
+    return StepRun(loss.item(), grads, seconds)
+
+
+def uncompiled(step: DrafterStep) -> DrafterStep:
+    """The same step without torch.compile of the drafter, on the same anchors (static shapes)."""
+    return DrafterStep(
+        step.drafter, step.gamma, step.num_anchors, compile=False, static=step.static_shapes
+    )
+
+
+def json_number(value: float) -> float | str:
+    """NaN and infinity as text ("nan"): JSON has no such numbers."""
+    return value if math.isfinite(value) else str(value)
+
+
+def canary(compiled: StepRun, eager: StepRun, device: torch.device) -> dict[str, Any]:
+    """The JSON line's `canary`: do the compiled and the eager step agree (NaN never does)?"""
+    loss_bound, grad_bound = TOLERANCE[device.type]
+    loss_err = abs(compiled.loss - eager.loss) / max(abs(eager.loss), 1e-12)
+    diff = torch.linalg.vector_norm(compiled.grads - eager.grads)
+    grad_err = (diff / torch.linalg.vector_norm(eager.grads).clamp_min(1e-12)).item()
+    return {
+        "ok": loss_err <= loss_bound and grad_err <= grad_bound,
+        "loss_compiled": json_number(compiled.loss),
+        "loss_eager": json_number(eager.loss),
+        "loss_rel_err": json_number(loss_err),
+        "grad_rel_err": json_number(grad_err),
+        "tolerance": {"loss_rel_err": loss_bound, "grad_rel_err": grad_bound},
+    }
+
+
+def stand_in(vocab: int, hidden: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A frozen embedding or lm_head: random, at a trained model's scale (logits of order 1),
+    so the canary compares well-conditioned numbers; the values do not change the graph."""
+    return torch.randn(vocab, hidden, dtype=dtype, device=device) * hidden**-0.5
+
+
 def warm(device: torch.device, config: StepConfig, target_config: Any) -> dict[str, Any]:
-    """Run the compiled drafter step twice: the first compiles, the second shows the warm time."""
+    """Run the compiled drafter step twice (the first compiles, the second shows the warm
+    time), then the first once more eagerly: the canary."""
     on_gpu = device.type == "cuda"
     if on_gpu:
         torch.cuda.set_device(device)
     dtype = torch.bfloat16 if on_gpu else torch.float32  # the target's dtype in training
     cfg = drafter_config(config, target_config, mask_token_id=0)  # ids do not change the graph
     vocab, hidden = cfg.vocab_size, cfg.hidden_size
-    embed = torch.randn(vocab, hidden, dtype=dtype, device=device)
+    embed = stand_in(vocab, hidden, dtype, device)
     tied = getattr(target_config, "tie_word_embeddings", False)
-    lm_head = embed if tied else torch.randn(vocab, hidden, dtype=dtype, device=device)
+    lm_head = embed if tied else stand_in(vocab, hidden, dtype, device)
     drafter = build_drafter(cfg, embed, lm_head, device, seed=0)
     step = DrafterStep(drafter, gamma(config), config.num_anchors, compile=config.compile_drafter)
     rows, seq_len = fixed_rows(config, on_gpu), config.max_seq_len
@@ -73,17 +153,27 @@ def warm(device: torch.device, config: StepConfig, target_config: Any) -> dict[s
         features=torch.randn(rows, seq_len, cfg.num_features * hidden, dtype=dtype, device=device),
         num_tokens=rows * seq_len,
     )
-    times = []
-    for attempt in range(2):
-        start = time.perf_counter()
-        step.loss(batch, torch.Generator().manual_seed(attempt)).backward()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
+    first = run_step(step, batch, seed=0)
+    again = run_step(step, batch, seed=1)
+    eager = run_step(uncompiled(step), batch, seed=0)
     return {
         "device": str(device),
-        "first_step_s": round(times[0], 3),
-        "warm_step_s": round(times[1], 3),
+        "first_step_s": round(first.seconds, 3),
+        "warm_step_s": round(again.seconds, 3),
+        "canary": canary(first, eager, device),
     }
+
+
+def suspect(line: dict[str, Any]) -> str:
+    """What to do about a device whose canary failed."""
+    result = line["canary"]
+    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "(Inductor's default folder)")
+    return (
+        f"error: on {line['device']} the compiled drafter step disagrees with the eager one "
+        f"(relative loss error {result['loss_rel_err']}, gradient error {result['grad_rel_err']}; "
+        f"tolerance {result['tolerance']}): the compile cache {folder} is suspect; clear it "
+        "(a deploy with -e dflash_compile_cache=clear) and warm again"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,12 +189,17 @@ def main(argv: list[str] | None = None) -> int:
             )
         target_config = load_target_config(config.target_model)
         devices = [torch.device(f"cuda:{i}") for i in gpus] or [torch.device("cpu")]
+        lines = []
         for device in devices:  # strictly one after the other
-            print(json.dumps(warm(device, config, target_config)), flush=True)
+            lines.append(warm(device, config, target_config))
+            print(json.dumps(lines[-1]), flush=True)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return 0
+    failed = [line for line in lines if not line["canary"]["ok"]]
+    for line in failed:
+        print(suspect(line), file=sys.stderr)
+    return CACHE_SUSPECT_EXIT if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,205 @@
+"""The compile cache's canaries, for real on the CPU (tiny target, --compile-drafter): the warmup
+compares its compiled step with the uncompiled one, the trainer checks the first steps of a warm
+start, and the supervisor moves a cache that failed aside and restarts the trainer cold.
+
+A damaged cache is made by hand: Inductor keeps each compiled graph's wrapper module in
+<cache>/<xx>/<key>.py, and a process that finds the graph in the cache loads that file as it is
+(torch/_inductor/output_code.py write_to_disk writes it only when missing), so code appended
+there is what the next process runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dflash.compile_watch import CANARY_STEPS, CacheSuspect, CacheWatch, Canary
+from dflash.supervision import CACHE_SUSPECT_EXIT, CANARY_FAILED, move_aside
+
+from .conftest import FAST, argv, cli_env, read_status, run_module
+from .test_supervise import RUN_ID, Supervised
+
+# The smallest compiled step: one drafter layer, two rows of 64 tokens, 8 anchors a row.
+COMPILED = argv("--compile-drafter --drafter-layers 1 --max-seq-len 64 --token-budget 128 "
+                "--num-anchors 8")  # fmt: skip
+TRAINER = [*FAST, *COMPILED, "--gen-samples", "16", "--max-steps", "3", "--status-interval", "0.2"]
+# A line a wrapper module ends its `call` with (a Runner's method, or a function before).
+WRAPPER_CALL = re.compile(r"^(call = |def call\()", re.MULTILINE)
+TAMPER = """
+# Tampered with by tests/trainer/test_compile_canary.py: every float output times {scale}.
+_untampered_call = call
+
+
+def call(args):
+    return tuple(
+        out * {scale} if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+        for out in _untampered_call(args)
+    )
+"""
+
+
+def cache_env(cache: Path) -> dict[str, str]:
+    """What run.sh exports for the trainer and the warmup."""
+    return {**cli_env(), **cache_vars(cache)}
+
+
+def cache_vars(cache: Path) -> dict[str, str]:
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton")}
+
+
+def warmup(cache: Path):
+    return run_module(
+        "dflash.warmup", *COMPILED, cwd=cache.parent, env=cache_env(cache), timeout=300
+    )
+
+
+def tamper(cache: Path, scale: str) -> list[Path]:
+    """Make every compiled graph in the cache return its float outputs times `scale`."""
+    wrappers = [path for path in cache.glob("*/*.py") if WRAPPER_CALL.search(path.read_text())]
+    assert wrappers, (
+        f"no Inductor wrapper module (<cache>/<xx>/<key>.py defining `call`) in {cache}: the "
+        "cache's layout changed, and this test no longer damages anything"
+    )
+    for path in wrappers:
+        path.write_text(path.read_text() + TAMPER.format(scale=scale))
+    return wrappers
+
+
+@pytest.fixture(scope="module")
+def clean_warmup(tmp_path_factory):
+    """A warmup on an empty cache folder: the folder it filled and what it printed."""
+    cache = tmp_path_factory.mktemp("warmed") / "cache"
+    return cache, warmup(cache)
+
+
+@pytest.fixture
+def warm_copy(clean_warmup, tmp_path) -> Path:
+    """A copy of the warmed cache, as a deployment's cache/<fingerprint> folder."""
+    cache = tmp_path / "cache" / "0123456789abcdef"
+    shutil.copytree(clean_warmup[0], cache)
+    return cache
+
+
+def one_json_line(stdout: str) -> dict:
+    [line] = [json.loads(text) for text in stdout.splitlines() if text.startswith("{")]
+    return line
+
+
+def test_a_warmup_on_a_clean_cache_passes_its_canary(clean_warmup):
+    cache, result = clean_warmup
+    assert result.returncode == 0, result.stdout + result.stderr
+    line = one_json_line(result.stdout)
+    assert line["device"] == "cpu" and line["first_step_s"] > 0 and line["warm_step_s"] > 0
+    canary = line["canary"]
+    assert canary["ok"] is True
+    assert canary["tolerance"] == {"loss_rel_err": 1e-3, "grad_rel_err": 1e-3}
+    assert canary["loss_rel_err"] <= 1e-3 and canary["grad_rel_err"] <= 1e-3
+    assert canary["loss_compiled"] == pytest.approx(canary["loss_eager"], rel=1e-3)
+    assert any((cache / "fxgraph").rglob("*")), "the warmup compiled nothing into the cache"
+
+
+def test_a_warmup_on_a_tampered_cache_fails_its_canary(warm_copy):
+    tamper(warm_copy, "2.0")
+    result = warmup(warm_copy)
+    assert result.returncode == CACHE_SUSPECT_EXIT, result.stdout + result.stderr
+    canary = one_json_line(result.stdout)["canary"]  # printed before the exit
+    assert canary["ok"] is False and canary["loss_rel_err"] > canary["tolerance"]["loss_rel_err"]
+    assert f"the compile cache {warm_copy} is suspect" in result.stderr
+
+
+def test_a_trainer_on_a_warm_cache_hits_it_and_passes_its_canary(warm_copy):
+    folder = warm_copy.parent.parent
+    files = ["--checkpoint-dir", str(folder / "ck"), "--status-file", str(folder / "status.json")]
+    env = cache_env(warm_copy)
+    result = run_module("dflash.train", *TRAINER, *files, cwd=folder, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    cache = read_status(folder / "status.json")["compile_cache"]
+    assert cache["dir"] == str(warm_copy) and cache["fingerprint"] == warm_copy.name
+    assert cache["started_warm"] is True and cache["first_step_s"] > 0
+    # The warmup compiled the very graphs the trainer looks up.
+    assert cache["hits"] > 0 and cache["misses"] == 0, cache
+    assert cache["canary"] == {"ok": True, "step": CANARY_STEPS}
+
+
+def test_a_cache_that_gives_nan_is_moved_aside_and_the_trainer_restarts_cold(
+    warm_copy, tmp_path, monkeypatch
+):
+    tamper(warm_copy, "float('nan')")
+    for name, value in cache_vars(warm_copy).items():  # the supervisor's and trainer's env
+        monkeypatch.setenv(name, value)
+    # The longest back-off there is: the restart must not wait for it.
+    run = Supervised(tmp_path / "root", argv("--backoff 300 --hang-after 600"), TRAINER)
+    try:
+        assert run.proc.wait(timeout=600) == 0, run.text()
+    finally:
+        run.close()
+
+    # The first trainer said why it failed; the supervisor kept it in supervisor.json.
+    record = run.record()
+    first = record["attempts"][0]
+    assert first["exit"] == CACHE_SUSPECT_EXIT
+    assert first["compile_cache"]["started_warm"] is True
+    assert first["compile_cache"]["canary"] == {
+        "ok": False, "step": 1, "reason": "loss is nan at step 1",
+    }  # fmt: skip
+    assert f"the compile cache {warm_copy} is suspect: loss is nan at step 1" in first["error"]
+    assert record["restarts"]["count"] == 1 and record["state"] == "stopped"
+    reason = f"{CANARY_FAILED}: loss is nan at step 1"
+    assert record["restarts"]["last_reason"] == reason
+
+    # The folder was moved aside, with FAILED.json saying why; the log says so.
+    [line] = run.history()
+    assert (line["action"], line["result"], line["reason"]) == ("restart", "restarted", reason)
+    assert line["exit"] == CACHE_SUSPECT_EXIT and line["down_s"] < 300
+    aside = Path(line["cache_moved_aside"])
+    assert aside.parent == warm_copy.parent
+    assert re.fullmatch(rf"{warm_copy.name}\.failed-\d{{8}}T\d{{6}}Z", aside.name)
+    failed = json.loads((aside / "FAILED.json").read_text())
+    assert failed["reason"] == reason and failed["run_id"] == RUN_ID and failed["time"]
+    assert any((aside / "fxgraph").rglob("*"))
+    assert f"moved aside to {aside}" in run.text()
+
+    # The restarted trainer started cold in a new folder of the same name, compiled and trained.
+    status = read_status(run.run_dir / "status.json")
+    assert status["attempt"] == 1 and status["state"] == "stopped" and status["step"] == 3
+    assert math.isfinite(status["loss"])
+    cache = status["compile_cache"]
+    assert cache["dir"] == str(warm_copy) and cache["started_warm"] is False
+    assert cache["misses"] > 0 and cache["canary"] is None  # a cold start has no canary
+    assert any((warm_copy / "fxgraph").rglob("*"))
+
+
+def test_the_canary_judges_only_the_first_steps_of_a_warm_compiled_start(tmp_path):
+    canary = Canary(armed=True)
+    assert canary.check(1, 2.0, 0.5) is None and canary.verdict is None
+    assert canary.check(2, 2.0, math.inf) == "gradient norm is inf at step 2"
+    assert canary.verdict == {"ok": False, "step": 2, "reason": "gradient norm is inf at step 2"}
+
+    passed = Canary(armed=True)
+    for step in range(1, CANARY_STEPS + 2):
+        assert passed.check(step, 2.0, 0.5 if step <= CANARY_STEPS else math.nan) is None
+    assert passed.verdict == {"ok": True, "step": CANARY_STEPS}
+
+    cold = CacheWatch(tmp_path / "cache", started_warm=False)
+    cold.arm(compiled=True)
+    cold.step_done(1, math.nan, math.nan)  # a cold start's NaN is FloatingPointError's, later
+    assert cold.report()["canary"] is None and cold.first_step_s is not None
+    warm = CacheWatch(tmp_path / "cache", started_warm=True)
+    warm.arm(compiled=True)
+    with pytest.raises(CacheSuspect, match=f"compile cache {tmp_path / 'cache'} is suspect"):
+        warm.step_done(1, math.nan, 1.0)
+
+
+def test_a_cache_is_moved_aside_with_its_reason_and_a_missing_one_says_so(tmp_path):
+    folder = tmp_path / "cache" / "fp"
+    (folder / "fxgraph").mkdir(parents=True)
+    aside = move_aside(folder, "why", "run-9")
+    assert not folder.exists() and (aside / "fxgraph").is_dir()
+    assert json.loads((aside / "FAILED.json").read_text())["run_id"] == "run-9"
+    with pytest.raises(FileNotFoundError):
+        move_aside(folder, "why", "run-9")
