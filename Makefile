@@ -49,7 +49,7 @@ PYTEST_WORKERS ?= 2
 
 test: lint
 	@# (test_module_docs.py and test_connection_docs.py ran in lint already)
-	pytest -n $(PYTEST_WORKERS) --ignore=tests/unit/test_module_docs.py \
+	pytest -n $(PYTEST_WORKERS) --durations=40 --ignore=tests/unit/test_module_docs.py \
 		--ignore=tests/unit/test_connection_docs.py
 
 clean-sandbox:

@@ -81,9 +81,14 @@ def test_slow_release_is_rolled_back_by_the_throughput_gate(
     # keep 1: the rollback target stays, and so does the failed release (for diff.yml).
     assert sorted(p.name for p in (target_root / "releases").iterdir()) == ["v1", "v2"]
 
+    # diff.yml compares against the restored deployment's own figure: set it to the reference
+    # for the diff (a measured one is load), then put the measured one back for verify.yml.
+    measured = (target_root / "history.jsonl").read_text()
+    record_tokens_per_s(target_root, "v1", REFERENCE)
     report = tmp_path / "diff.json"
     diff = playbook("diff.yml", dflash_diff_json=str(report), dflash_diff_from="current",
                     dflash_diff_to="v2")  # fmt: skip
+    (target_root / "history.jsonl").write_text(measured)
     assert diff.rc == 0, diff.output
     found = json.loads(report.read_text())["hosts"]["local"]
     assert found["files"]["changed"] == ["dflash/__init__.py"]

@@ -363,8 +363,8 @@ def test_real_trainer_healthy_then_each_drift_named(bed, pct_playbook, trainer_r
         # Round 2. A: v2 made current without a launch while the v1 trainer keeps running
         # from v1's folder with v1's cache (stale_process, cache), run.sh edited by hand
         # (run_script), and a second trainer started by hand through it (duplicate_trainer).
-        # B: its trainer killed (not_running).
-        add_release(trainer_repo, "v2", "dflash/__init__.py", "# v2\n")
+        # B: its trainer killed (not_running). v2 changes a compiled file, so its cache differs.
+        add_release(trainer_repo, "v2", "dflash/model.py", "# v2\n")
         old = json.loads(sh(bed, a, f"cat {root}/trainer.json"))["pid"]
         staged = pct_playbook(
             "deploy.yml", dflash_hosts=host_a, dflash_source_dir=str(trainer_repo),
