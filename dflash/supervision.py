@@ -111,7 +111,10 @@ def move_aside(folder: Path, reason: str, run_id: str) -> Path:
     that says why; the next trainer finds no folder, so Inductor makes it anew and compiles."""
     now = time.time()
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-    aside = folder.with_name(f"{folder.name}.failed-{stamp}")
+    aside, count = folder.with_name(f"{folder.name}.failed-{stamp}"), 1
+    while aside.exists():  # another set aside within the same second
+        count += 1
+        aside = folder.with_name(f"{folder.name}.failed-{stamp}-{count}")
     os.rename(folder, aside)
     write_atomic(aside / "FAILED.json", {"reason": reason, "run_id": run_id, "time": utc_text(now)})
     return aside

@@ -37,6 +37,24 @@ def first_host_with(hosts: list[str], hostvars: dict, name: str, value: str) -> 
     return ""
 
 
+def cache_record(
+    mode: str, cache_dir: str, warmup: dict | None, received: dict | None, warmed: bool
+) -> dict:
+    """history.jsonl's `compile_cache` of a deployment: its folder, what this deploy did with it
+    (`compiled` here, `received` the controller's copy, `warm` already, or the keep/clear
+    asked for), and where a cache that failed its canary during the warmup was moved."""
+    if warmed:
+        did = "compiled"
+    elif (received or {}).get("changed"):
+        did = "received"
+    elif mode == "warm":
+        did = "warm"
+    else:
+        did = {"keep": "kept", "clear": "cleared"}.get(mode, mode)
+    moved = [r["moved_aside"] for r in (warmup or {}).get("results", []) if r.get("moved_aside")]
+    return {"dir": cache_dir, "did": did, "moved_aside": moved}
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -44,4 +62,5 @@ class FilterModule:
             "dflash_compile_cache_folder": cache_folder,
             "dflash_compile_cache_artifact": artifact_name,
             "dflash_first_host_with": first_host_with,
+            "dflash_compile_cache_record": cache_record,
         }

@@ -54,6 +54,46 @@ def trainer_summary(facts: dict) -> dict | None:
     }
 
 
+def compile_cache_view(facts: dict) -> dict | None:
+    """The compile cache the judged trainer runs on, as its status.json says (fingerprint,
+    warm or cold start, first step, hits and misses, canary), and the caches set aside under
+    the root after a failed canary, newest first; None when there is neither."""
+    found = _trainer(facts)
+    running = (found[1] if found else {}).get("compile_cache")
+    aside = (facts.get("cache") or {}).get("moved_aside") or []
+    if not running and not aside:
+        return None
+    return {**(running or {}), "moved_aside": aside}
+
+
+def compile_cache_line(view: dict | None) -> str | None:
+    """`compile cache: 3f2a... started warm, first step 24.1 s, 46 hits / 0 misses, canary ok`."""
+    if not view:
+        return None
+    parts = []
+    if view.get("fingerprint") is not None:
+        first = view.get("first_step_s")
+        canary = view.get("canary")
+        verdict = (
+            "canary pending" if not canary
+            else "canary ok" if canary.get("ok")
+            else f"canary FAILED: {canary.get('reason')}"
+        )  # fmt: skip
+        parts.append(
+            f"{view['fingerprint']} started {'warm' if view.get('started_warm') else 'cold'}, "
+            f"first step {'-' if first is None else f'{first:g} s'}, {view.get('hits', 0)} hits / "
+            f"{view.get('misses', 0)} misses, {verdict}"
+        )
+    aside = view.get("moved_aside") or []
+    if aside:
+        newest = aside[0]
+        parts.append(
+            f"{len(aside)} set aside after a failed canary, newest {newest['name']}"
+            + (f" ({newest['reason']})" if newest.get("reason") else "")
+        )
+    return "compile cache: " + "; ".join(parts)
+
+
 def _window(status: dict) -> dict:
     window = status.get("throughput_window")
     if window:
@@ -220,6 +260,7 @@ def verify_summary(facts: dict, min_ratio: float = 0.8, heartbeat_max_age: float
     return {
         "trainer": trainer_summary(facts),
         "supervision": supervision_view(facts),
+        "compile_cache": compile_cache_view(facts),
         "throughput": throughput,
         "gpu": {key: gpus[key] for key in ("applies", "why", "gpus", "pids") if key in gpus},
         "checks": {"throughput": throughput["note"], "gpu": gpu_check},
@@ -247,6 +288,9 @@ def verify_summary_lines(summary: dict) -> list[str]:
     supervision = supervision_line(summary.get("supervision"))
     if supervision:
         lines.append(supervision)
+    cache = compile_cache_line(summary.get("compile_cache"))
+    if cache:
+        lines.append(cache)
     slowest = speed.get("slowest_stage")
     lines.append(
         f"tokens/s: now {_speed(speed['tokens_per_s'])} | health check "

@@ -11,6 +11,11 @@ description:
   - Runs C(python -m dflash.warmup) of the release being deployed with
     C(TORCHINDUCTOR_CACHE_DIR) and C(TRITON_CACHE_DIR) set to the cache folder, for one drafter
     GPU (the role loops over them, one after another, so no two compilations race).
+  - The warmup checks its compiled step against the eager one (the canary, C(dflash/warmup.py)).
+    When they disagree (exit 3) the cache is suspect - it is moved aside to
+    C(<cache_dir>.failed-<UTC time>) with a C(FAILED.json) saying why, and the warmup runs once
+    more on an empty folder. A cold warmup that disagrees too fails the task - the compiler, not
+    the cache, is at fault.
   - The compile runs in its own process group and ends, as a whole, when its time is up or when
     the run that holds the deploy lock loses it or dies, so a killed deploy leaves no
     compilation running.
@@ -78,12 +83,17 @@ output:
   description: The last lines the warmup printed.
   type: str
   returned: when run
+moved_aside:
+  description: Where a cache that failed the canary was moved (then the warmup ran cold).
+  type: str
+  returned: when a cache was moved aside
 """
 
 import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_compile_cache import CACHE_SUSPECT_EXIT, move_aside
 from ansible.module_utils.dflash_disk import MB, DiskGuard, DiskSpaceError
 from ansible.module_utils.dflash_guarded import CommandError, run_checked
 from ansible.module_utils.dflash_lockfile import LockError, Watchdog
@@ -111,16 +121,36 @@ def run(module: AnsibleModule) -> dict:
         dog.check()
         guard.check()
 
+    result: dict = {"changed": True}
     with Watchdog(params["root"], params["token"]) as dog:
-        out = run_checked(
-            argv, params["timeout"], what, env=env, check=check, cwd=params["code_dir"],
-            timeout_name="dflash_compile_cache_warm_timeout",
-        )  # fmt: skip
-    return {
-        "changed": True,
-        "seconds": round(time.monotonic() - started, 1),
-        "output": "\n".join(out.splitlines()[-10:]),
-    }
+
+        def warmup() -> str:
+            return run_checked(
+                argv, params["timeout"], what, env=env, check=check, cwd=params["code_dir"],
+                timeout_name="dflash_compile_cache_warm_timeout",
+            )  # fmt: skip
+
+        try:
+            out = warmup()
+        except CommandError as err:
+            if err.returncode != CACHE_SUSPECT_EXIT:
+                raise
+            result["moved_aside"] = move_aside(params["cache_dir"], f"failed its canary: {err}")
+            os.makedirs(params["cache_dir"], mode=0o755)
+            try:
+                out = warmup()
+            except CommandError as cold:
+                if cold.returncode != CACHE_SUSPECT_EXIT:
+                    raise
+                raise CommandError(
+                    f"{what} failed its canary on an empty cache too (the suspect one is kept in "
+                    f"{result['moved_aside']}): the compiled drafter step disagrees with the eager "
+                    "one, so the compiler, not the cache, is at fault; deploy without "
+                    f"--compile-drafter (dflash_trainer_args) or another torch. {cold}"
+                ) from None
+    result["seconds"] = round(time.monotonic() - started, 1)
+    result["output"] = "\n".join(out.splitlines()[-10:])
+    return result
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     from ansible.module_utils.dflash_findings import finding
@@ -22,6 +23,13 @@ except ImportError:  # on the controller: module_utils/ is on the venv's path (p
     from dflash_state import CACHE, read_json, write_json_atomic
 
 MARKER = "built-by.json"
+# A cache whose compiled step failed its canary is renamed <folder>.failed-<UTC time>, with this
+# file inside saying why (the trainer's supervisor does the same: dflash/supervision.py).
+FAILED = "FAILED.json"
+FAILED_INFIX = ".failed-"
+# The exit code of a warmup or trainer whose compiled step failed its canary
+# (dflash/supervision.py CACHE_SUSPECT_EXIT; a unit test keeps the two equal).
+CACHE_SUSPECT_EXIT = 3
 # The release's list of the files its compiled code is keyed by (dflash/compiled.py: FILES).
 COMPILED_LIST = "dflash/compiled.py"
 
@@ -86,11 +94,13 @@ def read(root: str, cache_dir: str | None) -> dict | None:
     if not cache_dir:
         return None
     parent = os.path.join(root, CACHE)
+    names = sorted(os.listdir(parent)) if os.path.isdir(parent) else []
     return {
         "path": cache_dir,
         "exists": os.path.isdir(cache_dir),
         "built_by": read_json(os.path.join(cache_dir, MARKER)),
-        "all": sorted(os.listdir(parent)) if os.path.isdir(parent) else [],
+        "all": names,
+        "moved_aside": moved_aside(parent, names),
     }
 
 
@@ -110,6 +120,30 @@ def prepare(root: str, cache_dir: str, clear: bool, clear_all: bool, dry_run: bo
         if not dry_run:
             os.makedirs(cache_dir, mode=0o755)
     return done
+
+
+def move_aside(cache_dir: str, reason: str) -> str:
+    """Rename a suspect cache out of the way (kept, for a person to look at) and say why in it;
+    the next compilation starts on an empty folder."""
+    now = time.time()
+    base = f"{cache_dir}{FAILED_INFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}"
+    aside, count = base, 1
+    while os.path.lexists(aside):  # another set aside within the same second
+        count += 1
+        aside = f"{base}-{count}"
+    os.rename(cache_dir, aside)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    write_json_atomic(os.path.join(aside, FAILED), {"reason": reason, "time": stamp})
+    return aside
+
+
+def moved_aside(parent: str, names: list[str]) -> list[dict]:
+    """The caches moved aside under `parent`, newest first: name, and why and when (FAILED.json)."""
+    out = []
+    for name in sorted((n for n in names if FAILED_INFIX in n), reverse=True):
+        said = read_json(os.path.join(parent, name, FAILED)) or {}
+        out.append({"name": name, "reason": said.get("reason"), "time": said.get("time")})
+    return out
 
 
 def warm_needed(cache_dir: str, wanted: dict) -> bool:

@@ -13,7 +13,9 @@ from collections.abc import Callable
 
 
 class CommandError(Exception):
-    pass
+    def __init__(self, message: str, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.returncode = returncode  # None when it did not exit by itself (timeout, lock lost)
 
 
 def run_checked(
@@ -44,5 +46,7 @@ def run_checked(
         err.seek(0)
         stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     if proc.returncode != 0:
-        raise CommandError(f"{what} failed (exit {proc.returncode}): {(stderr or stdout)[-2000:]}")
+        raise CommandError(
+            f"{what} failed (exit {proc.returncode}): {(stderr or stdout)[-2000:]}", proc.returncode
+        )
     return stdout

@@ -10,7 +10,9 @@ import re
 import shutil
 
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
+    from ansible.module_utils.dflash_cache_share import STAGING
     from ansible.module_utils.dflash_state import (
+        CACHE,
         ENV_MARKER,
         ENVS,
         HISTORY,
@@ -20,7 +22,9 @@ try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
         append_history,
     )
 except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
+    from dflash_cache_share import STAGING
     from dflash_state import (
+        CACHE,
         ENV_MARKER,
         ENVS,
         HISTORY,
@@ -63,6 +67,16 @@ def incoming_archives(root: str) -> list[str]:
         folder) else []  # fmt: skip
 
 
+def cache_staging(root: str) -> list[str]:
+    """cache/<fingerprint>.incoming-<pid> folders of an unpack cut short (never read: only
+    entries renamed into cache/<fingerprint> are)."""
+    folder = os.path.join(root, CACHE)
+    if not os.path.isdir(folder):
+        return []
+    pattern = re.compile(rf"{re.escape(STAGING)}\d+$")
+    return sorted(os.path.join(folder, n) for n in os.listdir(folder) if pattern.search(n))
+
+
 def clean(root: str) -> list[str]:
     """Remove what killed writers left; one sentence per thing, naming it."""
     said = []
@@ -75,6 +89,9 @@ def clean(root: str) -> list[str]:
         else:
             os.unlink(path)
         said.append(f"removed {path}: an archive pushed by a run that did not unpack it")
+    for path in cache_staging(root):
+        shutil.rmtree(path)
+        said.append(f"removed {path}: a compile cache unpack cut short")
     for path in unfinished_envs(root):
         shutil.rmtree(path)
         said.append(f"removed {path}: an env whose build was cut short (no {ENV_MARKER})")

@@ -9,6 +9,7 @@ import json
 import tarfile
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.helpers import REPO, run_playbook
@@ -40,6 +41,13 @@ def fx_entries(root: Path) -> dict[str, bytes]:
     }  # fmt: skip
 
 
+def cache_step(root: Path) -> dict:
+    """What the newest deployment's history line says the deploy did with the compile cache."""
+    lines = (root / "history.jsonl").read_text().splitlines()
+    return json.loads(lines[-1])["compile_cache"]
+
+
+@pytest.mark.timeout(3600)  # two compiles and two unpacks, on a loaded machine
 def test_one_host_compiles_the_others_take_its_cache(tmp_path, trainer_repo):
     store = tmp_path / "store"
     common = {
@@ -47,7 +55,9 @@ def test_one_host_compiles_the_others_take_its_cache(tmp_path, trainer_repo):
         "dflash_compile_cache": "warm", "dflash_compile_cache_store": str(store),
         "dflash_trainer_args": COMPILED,
     }  # fmt: skip
-    both = run_playbook("deploy.yml", common, inventory=hosts_inventory(tmp_path, ("n1", "n2")))
+    # A compile on a loaded 2-core machine: the warmup's own bound (1800 s), not the default 600.
+    both = run_playbook("deploy.yml", common, inventory=hosts_inventory(tmp_path, ("n1", "n2")),
+                        timeout=1800)  # fmt: skip
     assert both.rc == 0, both.output
     assert compiled_here(both.output, "n1") and not compiled_here(both.output, "n2"), both.output
     [archive] = store.iterdir()
@@ -56,6 +66,7 @@ def test_one_host_compiles_the_others_take_its_cache(tmp_path, trainer_repo):
                .read_text()) for n in ("n1", "n2")]  # fmt: skip
     assert markers[0] == markers[1]
     assert not list((tmp_path / "n2" / ".incoming").iterdir()), "the pushed archive was kept"
+    assert [cache_step(tmp_path / n)["did"] for n in ("n1", "n2")] == ["compiled", "received"]
 
     # A host deployed later takes the kept archive: nothing is compiled.
     later = run_playbook("deploy.yml", common, inventory=hosts_inventory(tmp_path, ("n3",)))
@@ -72,7 +83,12 @@ def test_one_host_compiles_the_others_take_its_cache(tmp_path, trainer_repo):
     (forged / "built-by.json").write_text(json.dumps({**marker, "torch": "9.9.9"}))
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(forged / "built-by.json", arcname="built-by.json")
-    refused = run_playbook("deploy.yml", common, inventory=hosts_inventory(tmp_path, ("n4",)))
+    refused = run_playbook("deploy.yml", common, inventory=hosts_inventory(tmp_path, ("n4",)),
+                           timeout=1800)  # fmt: skip
     assert refused.rc == 0, refused.output
     assert "n4 does not take" in refused.output and "torch 9.9.9" in refused.output
     assert compiled_here(refused.output, "n4")
+    assert cache_step(tmp_path / "n4") == {
+        "dir": str(next((tmp_path / "n4" / "cache").iterdir())), "did": "compiled",
+        "moved_aside": [],
+    }  # fmt: skip

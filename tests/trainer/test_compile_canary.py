@@ -14,6 +14,8 @@ import json
 import math
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ import pytest
 from dflash.compile_watch import CANARY_STEPS, CacheSuspect, CacheWatch, Canary
 from dflash.supervision import CACHE_SUSPECT_EXIT, CANARY_FAILED, move_aside
 
-from .conftest import FAST, argv, cli_env, read_status, run_module
+from .conftest import FAST, REPO, argv, cli_env, read_status, run_module
 from .test_supervise import RUN_ID, Supervised
 
 # The smallest compiled step: one drafter layer, two rows of 64 tokens, 8 anchors a row.
@@ -110,6 +112,28 @@ def test_a_warmup_on_a_tampered_cache_fails_its_canary(warm_copy):
     canary = one_json_line(result.stdout)["canary"]  # printed before the exit
     assert canary["ok"] is False and canary["loss_rel_err"] > canary["tolerance"]["loss_rel_err"]
     assert f"the compile cache {warm_copy} is suspect" in result.stderr
+
+    # The deploy's warmup module, on that cache: moved aside with why, then a cold warmup passes.
+    args = {
+        "root": str(warm_copy.parent.parent), "python": sys.executable, "code_dir": str(REPO),
+        "cache_dir": str(warm_copy), "flags": COMPILED, "disk_reserve_mb": 0,
+    }  # fmt: skip
+    ansible = Path(sys.executable).with_name("ansible")
+    env = {**cli_env(), "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+           "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json"}  # fmt: skip
+    ran = subprocess.run(
+        [str(ansible), "localhost", "-c", "local", "-m", "dflash_warmup", "-a", json.dumps(args)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    reply = json.loads(ran.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    [aside] = warm_copy.parent.glob(f"{warm_copy.name}.failed-*")
+    assert reply["moved_aside"] == str(aside)
+    assert "canary" in json.loads((aside / "FAILED.json").read_text())["reason"]
+    kept = [path for path in aside.glob("*/*.py") if "Tampered with" in path.read_text()]
+    assert kept, "the suspect cache is kept as it was, entries and all"
+    assert one_json_line(reply["output"])["canary"]["ok"] is True
+    assert any((warm_copy / "fxgraph").rglob("*")), "the cold warmup compiled into a new folder"
 
 
 def test_a_trainer_on_a_warm_cache_hits_it_and_passes_its_canary(warm_copy):

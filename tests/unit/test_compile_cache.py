@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 from ansible.module_utils.dflash_compile_cache import (
+    CACHE_SUSPECT_EXIT,
     COMPILED_LIST,
+    FAILED,
     MARKER,
     CompiledListError,
     code_key,
@@ -18,6 +20,7 @@ from ansible.module_utils.dflash_compile_cache import (
     identity,
     listed_files,
     mark,
+    move_aside,
     prepare,
     read,
     warm_needed,
@@ -134,3 +137,27 @@ def test_verify_findings(tmp_path: Path):
     procs = [{"pid": 7, "cache_dir": str(root / "cache" / "g")}, {"pid": 8, "cache_dir": None}]
     [stray] = findings(here, LOCK, procs)
     assert stray["pid"] == 7 and stray["found"] == f"pid 7 uses {root / 'cache' / 'g'}"
+
+
+def test_a_cache_moved_aside_by_the_deploy_is_named_as_the_trainer_names_one(tmp_path):
+    """The warmup module and the trainer's supervisor set a suspect cache aside alike, so verify
+    reads both kinds the same way, newest first, with why."""
+    from dflash import supervision
+
+    assert CACHE_SUSPECT_EXIT == supervision.CACHE_SUSPECT_EXIT
+    cache = tmp_path / "cache" / "0123456789abcdef"
+    cache.mkdir(parents=True)
+    by_trainer = supervision.move_aside(cache, "loss is nan at step 1", "run-1")
+    cache.mkdir()
+    by_deploy = Path(move_aside(str(cache), "failed its canary: exit 3"))
+    assert by_trainer.name.startswith(f"{cache.name}.failed-")
+    assert by_deploy.name.startswith(f"{cache.name}.failed-")
+    assert json.loads((by_deploy / FAILED).read_text())["reason"] == "failed its canary: exit 3"
+    cache.mkdir()
+    seen = read(str(tmp_path), str(cache))
+    assert seen["exists"] and {a["name"] for a in seen["moved_aside"]} == {
+        by_trainer.name, by_deploy.name,
+    }  # fmt: skip
+    assert {a["reason"] for a in seen["moved_aside"]} == {
+        "loss is nan at step 1", "failed its canary: exit 3",
+    }  # fmt: skip

@@ -103,13 +103,20 @@ def test_leftovers_of_killed_writers_are_removed_and_named(tmp_path: Path) -> No
     (tmp_path / "current").symlink_to("releases/v1")
     (tmp_path / ".incoming").mkdir()
     (tmp_path / ".incoming" / "v2.tar.gz").write_bytes(b"half")
+    # An unpack of another host's compile cache cut short, beside the cache and one set aside.
+    (tmp_path / "cache" / "3f2a.incoming-77" / "fxgraph").mkdir(parents=True)
+    (tmp_path / "cache" / "3f2a" / "fxgraph").mkdir(parents=True)
+    (tmp_path / "cache" / "3f2a.failed-20261203T010203Z").mkdir()
     torn_history(tmp_path)
     said = clean(str(tmp_path))
-    gone = ["runs/.tmp-latest-42", "trainer.json..tmp-42", ".incoming/v2.tar.gz", "envs/lock-cut"]
+    gone = ["runs/.tmp-latest-42", "trainer.json..tmp-42", ".incoming/v2.tar.gz", "envs/lock-cut",
+            "cache/3f2a.incoming-77"]  # fmt: skip
     for name in gone:
         assert not (tmp_path / name).is_symlink() and not (tmp_path / name).exists(), name
         assert any(str(tmp_path / name) in line for line in said), (name, said)
     assert (tmp_path / "envs" / "lock-done").is_dir() and (tmp_path / "current").is_symlink()
+    assert (tmp_path / "cache" / "3f2a" / "fxgraph").is_dir()
+    assert (tmp_path / "cache" / "3f2a.failed-20261203T010203Z").is_dir(), "kept for a person"
     assert any("history.jsonl.torn" in line for line in said)
     assert clean(str(tmp_path)) == []  # nothing twice
 

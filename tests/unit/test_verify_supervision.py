@@ -120,3 +120,28 @@ def test_verify_judges_a_hang_by_the_supervisors_automatic_limit():
 
     assert (dflash_supervision.HANG_FLOOR_S, dflash_supervision.HANG_STEPS) == (
         HANG_FLOOR_S, HANG_STEPS)  # fmt: skip
+
+
+def test_verify_shows_the_cache_the_trainer_runs_on_and_the_caches_set_aside():
+    cache = {
+        "dir": "/opt/dflash/cache/3f2a", "fingerprint": "3f2a", "started_warm": True,
+        "first_step_s": 24.1, "hits": 46, "misses": 0, "canary": {"ok": True, "step": 3},
+    }  # fmt: skip
+    found = facts({**running(1), "compile_cache": cache}, supervisor())
+    aside = {"name": "3f2a.failed-20261203T010203Z",
+             "reason": "compile cache failed its canary: loss is nan"}  # fmt: skip
+    found["cache"] = {"path": cache["dir"], "exists": True, "built_by": None,
+                      "all": ["3f2a", aside["name"]], "moved_aside": [aside]}  # fmt: skip
+    assert dflash_findings(found) == [], "a cache set aside is history, not drift"
+    summary = verify_summary(found)
+    assert summary["compile_cache"]["hits"] == 46
+    [line] = [x for x in verify_summary_lines(summary) if x.startswith("compile cache:")]
+    assert line == (
+        "compile cache: 3f2a started warm, first step 24.1 s, 46 hits / 0 misses, canary ok; "
+        "1 set aside after a failed canary, newest 3f2a.failed-20261203T010203Z "
+        "(compile cache failed its canary: loss is nan)"
+    )
+    # An older trainer that writes no compile_cache, and no cache set aside: no line at all.
+    plain = verify_summary(facts(running(1), supervisor()))
+    assert plain["compile_cache"] is None
+    assert not [x for x in verify_summary_lines(plain) if x.startswith("compile cache:")]

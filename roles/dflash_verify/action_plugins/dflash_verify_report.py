@@ -33,7 +33,8 @@ options:
   report:
     description:
       - host -> C(verdict) (ok, drift, unreachable), C(release), C(findings), and the figures
-        C(trainer), C(throughput), C(gpu) and C(checks) of filter_plugins/dflash_verify.py.
+        C(trainer), C(supervision), C(compile_cache), C(throughput), C(gpu) and C(checks) of
+        filter_plugins/dflash_verify.py.
     type: dict
     required: true
   json_path:

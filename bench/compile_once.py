@@ -1,0 +1,114 @@
+"""Compile once, measured through the toolkit (issue 30): the first step of a trainer after
+(a) a cold deploy that compiles (dflash_compile_cache=warm: one warmup, the cache kept on the
+controller), (w) a restart on that warm cache (the reference), (b) a new release that changes a
+file outside the compiled code (dflash/export.py), (d) a second host of the same build given the
+first host's cache, and, with --model-change, (c) a release that changes the model
+(dflash/model.py: a new cache folder, compiled cold). Each row: the playbook's seconds, the
+trainer's first step from its start, and status.json's compile_cache (warm start, hits, misses,
+canary), and what the deploy's history line says it did with the cache.
+
+    python3 bench/compile_once.py [--root DIR] [--target tiny|8b] [--cpu] [--model-change]
+
+Run it as bench/gpu_path.py is run (its interpreter is the training environment, ansible-core
+importable). Rows are appended to <root>/compile_once.jsonl as they finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_path import REPO, inventory, lock_of_this_python, playbook, target_args
+
+
+def release_changing(root: Path, name: str, path: str) -> Path:
+    """A copy of dflash/ with a comment appended to one file: another release."""
+    source = root / name
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(REPO / "dflash", source / "dflash", ignore=skip)
+    with (source / path).open("a") as handle:
+        handle.write(f"# {name} (bench/compile_once.py)\n")
+    return source
+
+
+def cache_of(state: Path) -> dict[str, Any]:
+    """The running trainer's compile_cache and the newest history line's."""
+    try:
+        status = json.loads((state / "runs" / "latest" / "status.json").read_text())
+    except (OSError, ValueError):
+        status = {}
+    history = state / "history.jsonl"
+    last = json.loads(history.read_text().splitlines()[-1]) if history.exists() else {}
+    return {"trainer": status.get("compile_cache"), "deploy": last.get("compile_cache")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=None)
+    parser.add_argument("--target", choices=["tiny", "8b"], default="8b")
+    parser.add_argument("--gpu", type=int, default=0)
+    parser.add_argument("--cpu", action="store_true", help="a rehearsal on the CPU (tiny)")
+    parser.add_argument("--model-change", action="store_true", help="also row (c), cold again")
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available() and not args.cpu:
+        print("bench/compile_once.py: no CUDA GPU here; nothing to run (use --cpu to rehearse)")
+        return
+    root = args.root or Path(tempfile.mkdtemp(prefix="dflash-compile-once-"))
+    root.mkdir(parents=True, exist_ok=True)
+    gpu = None if args.cpu else args.gpu
+    lock = lock_of_this_python()
+    trainer = target_args(args.target, root, compile_drafter=True)
+    if args.target == "tiny":  # static shapes (compiled) pad every row: short rows on the CPU
+        trainer.update(max_seq_len=64, token_budget=128, num_anchors=8, drafter_layers=1)
+    store = str(root / "store")
+    rows: list[dict] = []
+    out = root / "compile_once.jsonl"
+
+    def play(host: str, name: str, step: str, **extra: Any) -> dict:
+        here = root / host
+        here.mkdir(parents=True, exist_ok=True)
+        inv = inventory(here, gpu, lock, trainer)
+        extra.setdefault("dflash_compile_cache", "warm")
+        row = playbook(here, inv, name, rows, step, dflash_compile_cache_store=store, **extra)
+        row.update(cache_of(here / "state"))
+        with out.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        return row
+
+    play("h1", "deploy.yml", "(a) cold deploy: warmup compiles, trainer starts on it")
+    play("h1", "deploy.yml", "(w) restart on the warm cache", dflash_restart=True)
+    changed = release_changing(root, "export-changed", "dflash/export.py")
+    play("h1", "deploy.yml", "(b) release changing export.py",
+         dflash_source_dir=str(changed))  # fmt: skip
+    if args.model_change:
+        changed = release_changing(root, "model-changed", "dflash/model.py")
+        play("h1", "deploy.yml", "(c) release changing model.py",
+             dflash_source_dir=str(changed))  # fmt: skip
+    play("h1", "playbooks/stop.yml", "stop h1", dflash_compile_cache="keep")
+    play("h2", "deploy.yml", "(d) second host, given h1's cache")
+    play("h2", "playbooks/stop.yml", "stop h2", dflash_compile_cache="keep")
+
+    device = "CPU" if args.cpu else torch.cuda.get_device_name(args.gpu)
+    print(f"\n{device}, torch {torch.__version__}, target {args.target}; under {root}")
+    print("| row | playbook s | result | first step s | started warm | hits / misses | cache |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        if "stop" in row["step"]:
+            continue
+        cache = row["trainer"] or {}
+        did = (row["deploy"] or {}).get("did")
+        print(f"| {row['step']} | {row['seconds']} | {row['result']} | {row['first_step_s']} | "
+              f"{cache.get('started_warm')} | {cache.get('hits')} / {cache.get('misses')} | "
+              f"{did} {cache.get('fingerprint')} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
