@@ -53,6 +53,8 @@ def lock_of_this_python() -> dict[str, Any]:
 
 def inventory(root: Path, gpu: int | None, lock: dict, args: dict) -> Path:
     gpus = [] if gpu is None else [gpu]
+    args = dict(args)
+    data = args.pop("data", None)  # the data is dflash_data's, not a trainer flag
     host = {
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
@@ -62,6 +64,7 @@ def inventory(root: Path, gpu: int | None, lock: dict, args: dict) -> Path:
         "dflash_drafter_gpus": gpus,
         "dflash_colocated": bool(gpus),
         "dflash_trainer_args": args,
+        **({"dflash_data": data} if data else {}),
         "dflash_health_timeout": 900,
         "dflash_stop_timeout": 180,
         # The health steps and the throughput gate as a user gets them (the defaults).
