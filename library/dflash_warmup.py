@@ -91,6 +91,7 @@ moved_aside:
 
 import os
 import time
+from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_compile_cache import CACHE_SUSPECT_EXIT, move_aside
@@ -121,36 +122,48 @@ def run(module: AnsibleModule) -> dict:
         dog.check()
         guard.check()
 
-    result: dict = {"changed": True}
     with Watchdog(params["root"], params["token"]) as dog:
-
-        def warmup() -> str:
-            return run_checked(
+        out, aside = warm_with_canary(
+            lambda: run_checked(
                 argv, params["timeout"], what, env=env, check=check, cwd=params["code_dir"],
                 timeout_name="dflash_compile_cache_warm_timeout",
-            )  # fmt: skip
-
-        try:
-            out = warmup()
-        except CommandError as err:
-            if err.returncode != CACHE_SUSPECT_EXIT:
-                raise
-            result["moved_aside"] = move_aside(params["cache_dir"], f"failed its canary: {err}")
-            os.makedirs(params["cache_dir"], mode=0o755)
-            try:
-                out = warmup()
-            except CommandError as cold:
-                if cold.returncode != CACHE_SUSPECT_EXIT:
-                    raise
-                raise CommandError(
-                    f"{what} failed its canary on an empty cache too (the suspect one is kept in "
-                    f"{result['moved_aside']}): the compiled drafter step disagrees with the eager "
-                    "one, so the compiler, not the cache, is at fault; deploy without "
-                    f"--compile-drafter (dflash_trainer_args) or another torch. {cold}"
-                ) from None
-    result["seconds"] = round(time.monotonic() - started, 1)
-    result["output"] = "\n".join(out.splitlines()[-10:])
+            ),
+            params["cache_dir"],
+            what,
+        )  # fmt: skip
+    result = {
+        "changed": True,
+        "seconds": round(time.monotonic() - started, 1),
+        "output": "\n".join(out.splitlines()[-10:]),
+    }
+    if aside:
+        result["moved_aside"] = aside
     return result
+
+
+def warm_with_canary(
+    warmup: Callable[[], str], cache_dir: str, what: str
+) -> tuple[str, str | None]:
+    """The warmup's output, and where the cache went when its canary failed (exit 3): moved
+    aside, then warmed once more on an empty folder; a cold failure is the compiler's."""
+    try:
+        return warmup(), None
+    except CommandError as err:
+        if err.returncode != CACHE_SUSPECT_EXIT:
+            raise
+        aside = move_aside(cache_dir, f"failed its canary: {err}")
+    os.makedirs(cache_dir, mode=0o755)
+    try:
+        return warmup(), aside
+    except CommandError as cold:
+        if cold.returncode != CACHE_SUSPECT_EXIT:
+            raise
+        raise CommandError(
+            f"{what} failed its canary on an empty cache too (the suspect one is kept in "
+            f"{aside}): the compiled drafter step disagrees with the eager one, so the compiler, "
+            "not the cache, is at fault; deploy without --compile-drafter (dflash_trainer_args) "
+            f"or another torch. {cold}"
+        ) from None
 
 
 def main() -> None:
