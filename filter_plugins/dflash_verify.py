@@ -75,9 +75,10 @@ def compile_cache_line(view: dict | None) -> str | None:
         first = view.get("first_step_s")
         canary = view.get("canary")
         verdict = (
-            "canary pending" if not canary
-            else "canary ok" if canary.get("ok")
-            else f"canary FAILED: {canary.get('reason')}"
+            "canary ok" if canary and canary.get("ok")
+            else f"canary FAILED: {canary.get('reason')}" if canary
+            else "canary pending" if view.get("started_warm")
+            else "no canary (a cold start compiles anew)"
         )  # fmt: skip
         parts.append(
             f"{view['fingerprint']} started {'warm' if view.get('started_warm') else 'cold'}, "

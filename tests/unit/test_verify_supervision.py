@@ -141,6 +141,12 @@ def test_verify_shows_the_cache_the_trainer_runs_on_and_the_caches_set_aside():
         "1 set aside after a failed canary, newest 3f2a.failed-20261203T010203Z "
         "(compile cache failed its canary: loss is nan)"
     )
+    cold = {**cache, "started_warm": False, "canary": None, "hits": 0, "misses": 3}
+    lines = verify_summary_lines(verify_summary(facts({**running(1), "compile_cache": cold},
+                                                      supervisor())))  # fmt: skip
+    [line] = [x for x in lines if x.startswith("compile cache:")]
+    assert line == ("compile cache: 3f2a started cold, first step 24.1 s, 0 hits / 3 misses, "
+                    "no canary (a cold start compiles anew)")  # fmt: skip
     # An older trainer that writes no compile_cache, and no cache set aside: no line at all.
     plain = verify_summary(facts(running(1), supervisor()))
     assert plain["compile_cache"] is None
