@@ -1,16 +1,18 @@
 """Compile once, measured through the toolkit (issue 30): the first step of a trainer after
 (a) a cold deploy that compiles (dflash_compile_cache=warm: one warmup, the cache kept on the
 controller), (b) a new release that changes a file outside the compiled code (dflash/export.py),
-with --model-change (c) a release that changes the model (dflash/model.py: a new cache folder,
+(c) a release that changes the model (dflash/model.py: a new cache folder,
 compiled cold), (d) a second host of the same build given the first host's cache, and (w) a
 restart of that host on its warm cache (the reference). Each row: the playbook's seconds, the
 trainer's first step from its start, and status.json's compile_cache (warm start, hits, misses,
 canary), and what the deploy's history line says it did with the cache.
 
-    python3 bench/compile_once.py [--root DIR] [--target tiny|8b] [--cpu] [--model-change]
+    python3 bench/compile_once.py [--root DIR] [--target tiny|8b] [--cpu] [--rows abdw]
 
 Run it as bench/gpu_path.py is run (its interpreter is the training environment, ansible-core
-importable). Rows are appended to <root>/compile_once.jsonl as they finish.
+importable). Rows are appended to <root>/compile_once.jsonl as they finish, and the table printed
+at the end holds every row of that file: a later call with the same --root and --rows dw goes on
+where one with --rows ab stopped (the cache and the controller's store are under the root).
 """
 
 from __future__ import annotations
@@ -54,8 +56,15 @@ def main() -> None:
     parser.add_argument("--target", choices=["tiny", "8b"], default="8b")
     parser.add_argument("--gpu", type=int, default=0)
     parser.add_argument("--cpu", action="store_true", help="a rehearsal on the CPU (tiny)")
-    parser.add_argument("--model-change", action="store_true", help="also row (c), cold again")
+    parser.add_argument(
+        "--rows",
+        default="abdw",
+        help="the rows to run, in this order (default abdw; abcdw adds the model change): b, c "
+        "and d need a's cache, w needs d's host",
+    )
     args = parser.parse_args()
+    if set(args.rows) - set("abcdw"):
+        parser.error(f"--rows {args.rows}: rows are a, b, c, d and w")
     import torch
 
     if not torch.cuda.is_available() and not args.cpu:
@@ -83,19 +92,37 @@ def main() -> None:
             handle.write(json.dumps(row) + "\n")
         return row
 
-    # The rows the issue's goals name first, the reference restart last (a device call is short).
-    play("h1", "deploy.yml", "(a) cold deploy: warmup compiles, trainer starts on it")
-    changed = release_changing(root, "export-changed", "dflash/export.py")
-    play("h1", "deploy.yml", "(b) release changing export.py",
-         dflash_source_dir=str(changed))  # fmt: skip
-    if args.model_change:
-        changed = release_changing(root, "model-changed", "dflash/model.py")
-        play("h1", "deploy.yml", "(c) release changing model.py",
-             dflash_source_dir=str(changed))  # fmt: skip
-    play("h1", "playbooks/stop.yml", "stop h1", dflash_compile_cache="keep")
-    play("h2", "deploy.yml", "(d) second host, given h1's cache")
-    play("h2", "deploy.yml", "(w) restart on the warm cache", dflash_restart=True)
-    play("h2", "playbooks/stop.yml", "stop h2", dflash_compile_cache="keep")
+    def stopped(host: str) -> None:
+        """One GPU: a host's trainer stops before the other host's starts."""
+        record = root / host / "state" / "trainer.json"
+        pid = json.loads(record.read_text()).get("pid") if record.exists() else None
+        if pid and Path(f"/proc/{pid}").exists():
+            play(host, "playbooks/stop.yml", f"stop {host}", dflash_compile_cache="keep")
+
+    def run_row(name: str) -> None:
+        if name in "abc":
+            source = {"a": None, "b": "dflash/export.py", "c": "dflash/model.py"}[name]
+            step = {
+                "a": "(a) cold deploy: warmup compiles, trainer starts on it",
+                "b": "(b) release changing export.py",
+                "c": "(c) release changing model.py",
+            }
+            extra = {}
+            if source:  # another release: a copy of dflash/ with one file changed
+                changed = release_changing(root, f"{name}-changed", source)
+                extra["dflash_source_dir"] = str(changed)
+            play("h1", "deploy.yml", step[name], **extra)
+        elif name == "d":
+            stopped("h1")
+            play("h2", "deploy.yml", "(d) second host, given h1's cache")
+        else:
+            play("h2", "deploy.yml", "(w) restart on the warm cache", dflash_restart=True)
+
+    for name in args.rows:
+        run_row(name)
+    for host in ("h1", "h2"):
+        stopped(host)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
 
     device = "CPU" if args.cpu else torch.cuda.get_device_name(args.gpu)
     print(f"\n{device}, torch {torch.__version__}, target {args.target}; under {root}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from dflash_compile_cache import fingerprint, folder, identity
+from dflash_compile_cache import fingerprint, folder, identity, identity_of
 
 
 def cache_identity(lock: dict | None, gpus: list[dict], code: dict) -> dict:
@@ -22,10 +22,9 @@ def cache_folder(built_by: dict, root: str) -> str:
 
 def artifact_name(wanted: dict) -> str:
     """The controller's file of a warmed cache: its folder's fingerprint and a hash of all it
-    was built by (the warmup's flags included), so only an exact match is ever taken."""
+    was built by (the warmup's flags and environment included): only an exact match is taken."""
     exact = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:12]
-    built_by = {k: v for k, v in wanted.items() if k != "warmup_flags"}
-    return f"{fingerprint(built_by)}-{exact}.tar.gz"
+    return f"{fingerprint(identity_of(wanted))}-{exact}.tar.gz"
 
 
 def first_host_with(hosts: list[str], hostvars: dict, name: str, value: str) -> str:

@@ -11,6 +11,10 @@ description:
   - Runs C(python -m dflash.warmup) of the release being deployed with
     C(TORCHINDUCTOR_CACHE_DIR) and C(TRITON_CACHE_DIR) set to the cache folder, for one drafter
     GPU (the role loops over them, one after another, so no two compilations race).
+  - The warmup runs in the trainer's environment - I(env) as run.sh exports it, and of this
+    module's own only C(PATH), C(HOME) and C(LANG), as the trainer gets them - because
+    Inductor's cache keys read environment variables, so a variable only the warmup saw would
+    make it compile graphs the trainer never finds.
   - The warmup checks its compiled step against the eager one (the canary, C(dflash/warmup.py)).
     When they disagree (exit 3) the cache is suspect - it is moved aside to
     C(<cache_dir>.failed-<UTC time>) with a C(FAILED.json) saying why, and the warmup runs once
@@ -43,6 +47,10 @@ options:
     type: list
     elements: str
     default: []
+  env:
+    description: The trainer's variables (C(dflash_trainer_env)), as run.sh exports them.
+    type: dict
+    default: {}
   gpu:
     description: The drafter GPU to warm; none warms the CPU.
     type: int
@@ -71,6 +79,7 @@ EXAMPLES = r"""
     code_dir: /opt/dflash/releases/v1.4.0
     cache_dir: /opt/dflash/cache/0123456789abcdef
     flags: [--target-model, /models/qwen3-8b, --compile-drafter]
+    env: {PYTORCH_CUDA_ALLOC_CONF: "expandable_segments:True"}
     gpu: 4
 """
 
@@ -98,6 +107,7 @@ from ansible.module_utils.dflash_compile_cache import CACHE_SUSPECT_EXIT, move_a
 from ansible.module_utils.dflash_disk import MB, DiskGuard, DiskSpaceError
 from ansible.module_utils.dflash_guarded import CommandError, run_checked
 from ansible.module_utils.dflash_lockfile import LockError, Watchdog
+from ansible.module_utils.dflash_runs import launch_env
 
 
 def run(module: AnsibleModule) -> dict:
@@ -107,11 +117,15 @@ def run(module: AnsibleModule) -> dict:
     argv = [params["python"], "-m", "dflash.warmup", *params["flags"]]
     if params["gpu"] is not None:
         argv += ["--drafter-gpus", str(params["gpu"])]
-    env = dict(
-        os.environ,
-        TORCHINDUCTOR_CACHE_DIR=params["cache_dir"],
-        TRITON_CACHE_DIR=os.path.join(params["cache_dir"], "triton"),
-        PYTHONDONTWRITEBYTECODE="1",
+    # As run.sh starts the trainer: its own variables, then the ones it exports itself.
+    env = launch_env(
+        **{name: str(value) for name, value in params["env"].items()}
+        | {
+            "TORCHINDUCTOR_CACHE_DIR": params["cache_dir"],
+            "TRITON_CACHE_DIR": os.path.join(params["cache_dir"], "triton"),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+        },
     )
     what = "the warmup of " + (f"GPU {params['gpu']}" if params["gpu"] is not None else "the CPU")
     started = time.monotonic()
@@ -174,6 +188,7 @@ def main() -> None:
             "code_dir": {"type": "path", "required": True},
             "cache_dir": {"type": "path", "required": True},
             "flags": {"type": "list", "elements": "str", "default": []},
+            "env": {"type": "dict", "default": {}},
             "gpu": {"type": "int"},
             "timeout": {"type": "int", "default": 1800},
             "token": {"type": "str", "no_log": False},

@@ -58,6 +58,10 @@ def archive_marker(archive: str) -> dict | None:
         return json.load(member) if member else None
 
 
+def warmup_inputs(built_by: dict) -> str:
+    return f"flags {built_by.get('warmup_flags')}, environment {built_by.get('warmup_env') or {}}"
+
+
 def refusal(archive: str, wanted: dict) -> str | None:
     """Why this host does not take the archive (another build's cache), or None."""
     built = archive_marker(archive)
@@ -65,8 +69,8 @@ def refusal(archive: str, wanted: dict) -> str | None:
         return f"{archive} holds no {MARKER}: not a cache a warmup completed"
     if built != wanted:
         return (
-            f"it was compiled for {built_for(built)} with flags {built.get('warmup_flags')}; "
-            f"this host needs {built_for(wanted)} with flags {wanted.get('warmup_flags')}"
+            f"it was compiled for {built_for(built)} with {warmup_inputs(built)}; "
+            f"this host needs {built_for(wanted)} with {warmup_inputs(wanted)}"
         )
     return None
 

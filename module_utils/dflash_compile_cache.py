@@ -80,6 +80,17 @@ def identity(lock: dict | None, gpu: dict | None, code: dict) -> dict:
     }
 
 
+# What a marker records beside the identity: how the warmup ran (the trainer flags that shape
+# the compiled step, the trainer's environment). They decide whether a warmup must run again,
+# never the folder's name.
+WARMUP_INPUTS = ("warmup_flags", "warmup_env")
+
+
+def identity_of(built_by: dict) -> dict:
+    """A marker's (or a `wanted`'s) identity: what names its folder."""
+    return {k: v for k, v in built_by.items() if k not in WARMUP_INPUTS}
+
+
 def fingerprint(built_by: dict) -> str:
     return hashlib.sha256(json.dumps(built_by, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -177,20 +188,17 @@ def findings(cache: dict | None, lock: dict, processes: list[dict]) -> list[dict
             )
         )
     built = cache.get("built_by")
-    if built:
-        identity_of = {k: v for k, v in built.items() if k != "warmup_flags"}
-        if (fingerprint(identity_of) != os.path.basename(cache["path"])
-                or built.get("torch") != lock.get("torch")):  # fmt: skip
-            out.append(
-                finding(
-                    "cache",
-                    f"a cache named {os.path.basename(cache['path'])}, torch {lock.get('torch')}",
-                    f"built for {built_for(built)}",
-                    "a cache of another build is in place; "
-                    "deploy.yml -e dflash_compile_cache=clear",
-                    path=cache["path"],
-                )
+    if built and (fingerprint(identity_of(built)) != os.path.basename(cache["path"])
+                  or built.get("torch") != lock.get("torch")):  # fmt: skip
+        out.append(
+            finding(
+                "cache",
+                f"a cache named {os.path.basename(cache['path'])}, torch {lock.get('torch')}",
+                f"built for {built_for(built)}",
+                "a cache of another build is in place; deploy.yml -e dflash_compile_cache=clear",
+                path=cache["path"],
             )
+        )
     named: set[int] = set()
     for proc in processes:
         # One finding per trainer: its supervisor, torchrun and ranks all carry the cache dir.

@@ -20,6 +20,9 @@ from ansible.module_utils.dflash_state import (
 )
 
 TRAINER_FILE = "trainer.json"
+# What a trainer (run.sh) and the warmup keep of the environment of the module that starts
+# them; run.sh exports the rest itself.
+KEPT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
 
 
 def utc_now() -> str:
@@ -76,6 +79,14 @@ def point_latest(root: str, run_id: str) -> None:
     os.replace(tmp, os.path.join(root, RUNS, "latest"))
 
 
+def launch_env(**extra: str) -> dict[str, str]:
+    """The environment the trainer and the compile warmup start in: KEPT_ENV from this module's
+    own, then `extra`; nothing else of the caller's. One environment for both, because
+    Inductor's cache keys read environment variables (TORCHINDUCTOR_*, CXX, ...): a warmup that
+    saw a variable the trainer does not see compiles graphs the trainer never finds."""
+    return {**{name: os.environ.get(name, default) for name, default in KEPT_ENV.items()}, **extra}
+
+
 def start_run(root: str, release: str, run_sh: str) -> tuple[subprocess.Popen, str, str]:
     """Start run.sh detached, in a new run folder (runs/<run id>, and runs/latest to it), its
     output into the run's train.log; the process, the run id and the log's path."""
@@ -83,13 +94,7 @@ def start_run(root: str, release: str, run_sh: str) -> tuple[subprocess.Popen, s
     run_dir = os.path.join(root, RUNS, run_id)
     os.makedirs(run_dir)
     log_path = os.path.join(run_dir, TRAIN_LOG)
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        "HOME": os.environ.get("HOME", "/root"),
-        "LANG": os.environ.get("LANG", "C.UTF-8"),
-        "DFLASH_RUN_ID": run_id,
-        ROOT_MARKER: os.path.realpath(root),
-    }
+    env = launch_env(DFLASH_RUN_ID=run_id, **{ROOT_MARKER: os.path.realpath(root)})
     with open(log_path, "xb") as log:
         proc = subprocess.Popen(
             ["/bin/bash", run_sh], cwd=root, env=env, stdin=subprocess.DEVNULL,

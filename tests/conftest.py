@@ -155,6 +155,7 @@ def playbook(tmp_path: Path, target_root: Path, local_envs: Path) -> Callable[..
     def run(name: str, **extravars: object) -> PlaybookRun:
         check = bool(extravars.pop("_check", False))
         tags = extravars.pop("_tags", None)
+        env = extravars.pop("_env", None)  # variables of the user's shell
         # These tests deploy small fake packages: no trainer to launch unless a test asks.
         variables = {
             "dflash_root": str(target_root),
@@ -168,7 +169,7 @@ def playbook(tmp_path: Path, target_root: Path, local_envs: Path) -> Callable[..
         variables.update(extravars)
         if variables["dflash_root"] == str(target_root) and not target_root.exists():
             seed_target(target_root, local_envs)
-        result = run_playbook(name, variables, check=check, tags=tags)
+        result = run_playbook(name, variables, check=check, tags=tags, env=env)
         result.report = json.loads(report.read_text()) if report.exists() else None
         return result
 

@@ -38,8 +38,10 @@ class PlaybookRun:
         return " ".join(self.output.split())
 
 
-def playbook_env() -> dict[str, str]:
-    env = dict(os.environ)
+def playbook_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment ansible-playbook runs in: this process's, `extra` (a user's shell
+    variables) and the repo's ansible.cfg."""
+    env = dict(os.environ, **(extra or {}))
     env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
     env["ANSIBLE_FORCE_COLOR"] = "0"
     env["ANSIBLE_NOCOLOR"] = "1"
@@ -70,11 +72,12 @@ def run_playbook(
     check: bool = False,
     tags: str | None = None,
     timeout: float = 600,
+    env: dict[str, str] | None = None,
 ) -> PlaybookRun:
     proc = subprocess.run(
         playbook_command(name, extravars, inventory, check, tags),
         cwd=REPO,
-        env=playbook_env(),
+        env=playbook_env(env),
         capture_output=True,
         text=True,
         timeout=timeout,

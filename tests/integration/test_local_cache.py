@@ -1,14 +1,20 @@
 """Compile caches on the local target: warm on the CPU fills cache/<fingerprint>, a second warm
 does nothing, a release that changes no compiled file starts on that cache as it is, one that
-changes the model gets a new cache folder and the old one is left as it was."""
+changes the model gets a new cache folder and the old one is left as it was, and the trainer
+launched on a warmed cache finds every graph the warmup compiled."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from tests.integration.conftest import TRAINER_ARGS, add_release
+from tests.integration.conftest import TRAINER_ARGS, add_release, status_of
 
+# Variables that change Inductor's cache keys and nothing else: one in the shell that runs
+# ansible-playbook (the trainer never sees it, so neither may the warmup), one the trainer is
+# given (so the warmup must be given it too).
+SHELL_ENV = {"TORCHINDUCTOR_SIZE_ASSERTS": "0"}
+TRAINER_ENV = {"TORCHINDUCTOR_SCALAR_ASSERTS": "0"}
 # A small compiled step keeps the CPU compile short.
 COMPILED = dict(
     TRAINER_ARGS, compile_drafter=True, drafter_layers=1, max_seq_len=64, token_budget=128,
@@ -50,10 +56,17 @@ def test_warm_fill_noop_and_new_fingerprint(deploy, trainer_repo, target_root):
     assert snapshot(cache) == entries, "the warm cache was compiled again"
     assert f"TORCHINDUCTOR_CACHE_DIR={cache}" in (target_root / "run.sh").read_text()
 
-    # The model changed: a new folder, compiled anew; the old one is kept as it was.
+    # The model changed: a new folder, compiled anew; the old one is kept as it was. The
+    # trainer launched on it finds every graph there, whatever the caller's shell holds.
     add_release(trainer_repo, "v3", "dflash/model.py", "# v3\n")
-    fourth = warm("v3")
+    fourth = deploy(
+        "v3", dflash_compile_cache="warm", dflash_trainer_args=COMPILED,
+        dflash_trainer_env=TRAINER_ENV, dflash_health_timeout=900, _env=SHELL_ENV,
+    )  # fmt: skip
     assert fourth.rc == 0, fourth.output
+    compiled = status_of(target_root)["compile_cache"]
+    assert compiled["started_warm"] and compiled["hits"] > 0, compiled
+    assert compiled["misses"] == 0, f"the trainer compiled graphs the warmup did not: {compiled}"
     assert "warming the CPU" in fourth.output
     caches = sorted((target_root / "cache").iterdir())
     assert len(caches) == 2 and cache in caches

@@ -112,6 +112,8 @@ def test_the_marker_decides_the_warmup(tmp_path: Path):
     assert json.loads((cache / MARKER).read_text()) == wanted
     assert not warm_needed(str(cache), wanted)
     assert warm_needed(str(cache), {**wanted, "warmup_flags": ["--seq-len", "128"]})
+    # The trainer's environment is a warmup input too: Inductor's keys read it.
+    assert warm_needed(str(cache), {**wanted, "warmup_env": {"TORCHINDUCTOR_SIZE_ASSERTS": "0"}})
     assert sorted(p.name for p in cache.iterdir()) == [MARKER]
 
 
@@ -123,7 +125,9 @@ def test_verify_findings(tmp_path: Path):
     missing = read(str(root), str(cache_dir))
     assert [f["found"] for f in findings(missing, LOCK, [])] == ["missing"]
     cache_dir.mkdir(parents=True)
-    mark(str(cache_dir), {**built_by, "warmup_flags": ["--compile-drafter"]})
+    # Warmup inputs sit beside the identity in the marker; they never make it another build's.
+    inputs = {"warmup_flags": ["--compile-drafter"], "warmup_env": {"A": "1"}}
+    mark(str(cache_dir), {**built_by, **inputs})
     here = read(str(root), str(cache_dir))
     assert here["all"] == [cache_dir.name] and findings(here, LOCK, []) == []
     [upgraded] = findings(here, {**LOCK, "torch": "2.12.0"}, [])
