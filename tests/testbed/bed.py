@@ -32,7 +32,7 @@ from .node.ops import Node
 from .node.pveconf import ConfigStore, CtConfig, Section, parse
 from .node.storage import DEFAULT_STORAGE_CFG
 from .procs import ProcRef
-from .rootfs import ensure_rootfs, ensure_shifted_rootfs
+from .rootfs import SHIFT, ensure_rootfs, ensure_shifted_rootfs
 from .shims import REPO_ROOT, write_shims
 from .sshd import SshEndpoint, free_port, prepare_keys, start_sshd
 from .teardown import reap_stale, teardown
@@ -62,7 +62,34 @@ def missing_prerequisites() -> list[str]:
     if missing:
         reasons.append("missing: " + ", ".join(missing) + " (apt-get install lxc debootstrap "
                        "openssh-server)")  # fmt: skip
-    return reasons
+    reasons += [_subordinate_ids_missing(path) for path in SUBORDINATE_ID_FILES]
+    return [reason for reason in reasons if reason]
+
+
+# With uidmap installed, LXC maps an unprivileged container's ids through newuidmap, which
+# allows only the ranges these files give root; Proxmox VE ships `root:100000:65536` in both.
+SUBORDINATE_ID_FILES = ("/etc/subuid", "/etc/subgid")
+ID_RANGE = (SHIFT, SHIFT + 65536)
+
+
+def _subordinate_ids_missing(path: str) -> str:
+    """Why root may not map the unprivileged range here, or ''."""
+    if shutil.which("newuidmap") is None:
+        return ""  # LXC run as root writes the maps itself
+    try:
+        lines = Path(path).read_text().splitlines()
+    except FileNotFoundError:
+        lines = []
+    for line in lines:
+        owner, _, span = line.strip().partition(":")
+        start, _, count = span.partition(":")
+        if owner not in ("root", "0") or not (start.isdigit() and count.isdigit()):
+            continue
+        if int(start) <= ID_RANGE[0] and ID_RANGE[1] <= int(start) + int(count):
+            return ""
+    return (f"{path} gives root no ids {ID_RANGE[0]}-{ID_RANGE[1] - 1}, which newuidmap needs "
+            f"for unprivileged containers (Proxmox VE ships it: "
+            f"echo root:{ID_RANGE[0]}:65536 >> {path})")  # fmt: skip
 
 
 def default_ct_config(vmid: int, wheelhouse: Path, unprivileged: bool = True) -> CtConfig:
