@@ -13,7 +13,7 @@ from tests.helpers import REPO, playbook_env
 
 
 def readme_example() -> str:
-    section = (REPO / "README.md").read_text().split("### From Python or CI: ansible-runner")[1]
+    section = (REPO / "docs" / "ansible-runner.md").read_text()
     return re.search(r"```python\n(.*?)```", section, re.DOTALL)[1]
 
 

@@ -193,8 +193,8 @@ def test_every_play_gives_its_modules_root_and_token(playbook):
 
 
 def readme_variables() -> set[str]:
-    text = (REPO / "README.md").read_text()
-    section = text.split("### Variables", 1)[1].split("\n### ", 1)[0]
+    text = (REPO / "docs" / "variables.md").read_text()
+    section = text.split("## User variables", 1)[1].split("\n## ", 1)[0]
     names = set()
     for row in re.findall(r"^\| (.+?) \|", section, re.MULTILINE):
         names.update(re.findall(r"`((?:dflash|proxmox)_\w+)`", row))
