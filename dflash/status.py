@@ -1,4 +1,4 @@
-"""status.json (DESIGN.md): what this process is, runs and has done, rewritten atomically.
+"""status.json (dflash/README.md): what this process is, runs and has done, rewritten atomically.
 
 A heartbeat thread rewrites the file every `interval_s` seconds whatever the main thread does
 (long compiles, long steps), so `updated_at` proves the process is alive. Of several ranks only

@@ -1,5 +1,5 @@
 # Shared by the controller-side build module and the target-side modules: the release naming
-# rules, the MANIFEST.json tree hash and the reproducible archive format (DESIGN.md contracts).
+# rules, the MANIFEST.json tree hash, the reproducible archive format (docs/deploy.md, state.md).
 # The trainer computes the same tree hash in dflash/codehash.py; tests/unit keeps the two equal.
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def sha256_file(path: str) -> str:
 
 
 def tree_sha256(files: dict[str, str]) -> str:
-    """sha256 over the sorted lines `path\\0sha256\\n` (DESIGN.md)."""
+    """sha256 over the sorted lines `path\\0sha256\\n` (docs/state.md)."""
     digest = hashlib.sha256()
     for path in sorted(files):
         digest.update(f"{path}\0{files[path]}\n".encode())

@@ -1,4 +1,4 @@
-# The state layout on a target (DESIGN.md "State on a target") and the reads and writes on it
+# The state layout on a target (docs/state.md) and the reads and writes on it
 # that several modules share: releases, the `current` link, history.jsonl.
 from __future__ import annotations
 

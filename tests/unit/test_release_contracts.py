@@ -1,4 +1,4 @@
-"""The DESIGN.md contracts that the release modules implement: ids, tree hash, archive."""
+"""The release contracts (docs/deploy.md, docs/state.md): ids, tree hash, archive."""
 
 from __future__ import annotations
 
