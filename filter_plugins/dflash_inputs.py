@@ -1,12 +1,15 @@
-# Controller-side filters of the inputs, before anything changes: what run.sh will say (the GPU
-# layout, trainer flags and environment, each bad value named), the release name and the env
-# lock; inventory and -e variables that look like ours but that no part of the toolkit reads (a
-# typo such as dflash_keep_release is otherwise silently ignored), and renamed ones.
+# Controller-side filters of the inputs, before anything changes: list and mapping variables of
+# the wrong type, what run.sh will say (the GPU layout, trainer flags and environment, each bad
+# value named), the release name and the env lock; inventory and -e variables that look like ours
+# but that no part of the toolkit reads (a typo such as dflash_keep_release or dlfash_ref is
+# otherwise silently ignored), and renamed ones.
 from __future__ import annotations
 
 import difflib
 import functools
+import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from dflash_env_lock import lock_id, lock_problems
@@ -40,14 +43,53 @@ def known_names() -> frozenset[str]:
     return frozenset(names)
 
 
+# A name this close to a known one, whatever its prefix or case (dlfash_ref, flash_ref, dflashref,
+# DFLASH_REF), is taken for a typo of it: Ansible's own names (ansible_host, group_names, omit)
+# are far from all of ours.
+NEAR_EDITS = 2
+
+
+def edit_distance(a: str, b: str, limit: int) -> int:
+    """Edits (insert, delete, replace, swap two neighbours) from a to b; limit + 1 once over it."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    two_back: list[int] = []
+    before = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(before[j] + 1, row[j - 1] + 1, before[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], two_back[j - 2] + 1)
+        if min(row) > limit:  # no later row gets under it; most names stop after a few letters
+            return limit + 1
+        two_back, before = before, row
+    return before[-1]
+
+
+@functools.cache
+def near_known(name: str) -> str | None:
+    """The known name within NEAR_EDITS of a name that is not one of ours, else None; cached, as
+    every host of a play asks again for the same names."""
+    distances = {known: edit_distance(name, known, NEAR_EDITS) for known in known_names()}
+    near = sorted((d, known) for known, d in distances.items() if d <= NEAR_EDITS)
+    return near[0][1] if near else None
+
+
 def unknown_vars(names: list[str]) -> list[str]:
-    """One sentence per `dflash_*` name that no part of the toolkit reads, naming the closest
-    known one; [] when every name is known."""
+    """One sentence per variable set that no part of the toolkit reads and that looks like one of
+    ours (a dflash_* name, or one near a known name), naming the closest known one; [] when
+    there is none."""
     known = known_names()
     out = []
     for name in sorted(set(names) - known):
-        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
-        hint = f"did you mean {close[0]}?" if close else "no dflash role reads it"
+        if name.startswith("dflash_"):
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+            hint = f"did you mean {close[0]}?" if close else "no dflash role reads it"
+        elif near := near_known(name.lower()):  # Ansible's names are case-sensitive, ours lower
+            hint = f"did you mean {near}?"
+        else:
+            continue
         out.append(f"{name} is set but unknown to dflash-deploy ({hint})")
     return out
 
@@ -70,6 +112,68 @@ def renamed_vars(names: list[str]) -> list[str]:
         + (f". {RENAMED[old]} is set too, and wins" if RENAMED[old] in names else "")
         for old in sorted(set(names) & RENAMED.keys())
     ]
+
+
+_LOCK_EXAMPLE = {"python": "3.11", "torch": "2.11.0+cu128", "wheels": {"numpy": "2.2.6"},
+                 "source": {"wheelhouse": "/mnt/wheelhouse"}}  # fmt: skip
+# Every list and mapping variable a user sets: what it must be, and an example of the right form.
+# Ansible's argument spec checks a string as if it were a list ('a,b') or a mapping ('k=v') but
+# leaves the variable a string, which then fails far from its cause (a string's letters as
+# torchrun arguments, "can only concatenate list"); shape_problems refuses it first.
+# tests/unit/test_input_shapes.py holds this table to the roles' specs.
+SHAPES: dict[str, tuple[str, list | dict]] = {
+    "dflash_protect_releases": ("a list of release names", ["v1"]),
+    "dflash_env_lock": ('a mapping (README, "The environment lock")', _LOCK_EXAMPLE),
+    "dflash_lock": ("a mapping, now named dflash_env_lock", _LOCK_EXAMPLE),
+    "dflash_trainer_args": ("a mapping of flag: value", {"max_steps": 100}),
+    "dflash_trainer_env": ("a mapping of NAME: value", {"NCCL_DEBUG": "WARN"}),
+    "dflash_trainer_env_allow": ("a list of variable names", ["LD_PRELOAD"]),
+    "dflash_torchrun_args": ("a list of strings", ["--nnodes", "2"]),
+    "dflash_restart_policy": ("a mapping of policy: value", {"max_restarts": 5, "window": 3600}),
+    "dflash_controller": ("a mapping", {"user": "ci", "host": "runner-1"}),
+    "dflash_proxmox_gpus": ("a list of GPU indexes", [0, 1]),
+    "dflash_proxmox_mounts": ("a list of mappings", [{"path": "/data", "source": "/tank/data"}]),
+    "dflash_proxmox_snapshot": ("a mapping", {"name_prefix": "dflash-predeploy", "retain": 3}),
+}
+# No environment lock is a value of its own: the playbooks that need one say so.
+NULLABLE = {"dflash_env_lock", "dflash_lock"}
+
+
+def _described(value: object) -> str:
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)  # null, true, false: as the user wrote them
+    if isinstance(value, str):
+        return f"the string {str(value)!r}"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, Mapping):
+        return f"the mapping {dict(value)!r}"
+    return f"the list {list(value)!r}"  # only a list is left
+
+
+def _shape_ok(value: object, example: list | dict) -> bool:
+    if isinstance(example, dict):
+        return isinstance(value, Mapping)
+    if not isinstance(value, list):
+        return False
+    if isinstance(example[0], dict):
+        return all(isinstance(item, Mapping) for item in value)
+    return all(isinstance(item, (str, int, float)) and not isinstance(item, bool) for item in value)
+
+
+def shape_problems(variables: Mapping[str, object]) -> list[str]:
+    """One sentence per list or mapping variable of `variables` (a host's hostvars: what an
+    inventory or -e sets) that holds something else, naming what it got and the right form."""
+    out = []
+    for name, (form, example) in SHAPES.items():
+        if name not in variables:
+            continue
+        value = variables[name]
+        if (value is None and name in NULLABLE) or _shape_ok(value, example):
+            continue
+        right = json.dumps({name: example})
+        out.append(f"{name} must be {form}, got {_described(value)}; e.g. -e '{right}'")
+    return out
 
 
 def dflash_run_spec(data: dict) -> dict:
@@ -104,6 +208,7 @@ def dflash_run_spec(data: dict) -> dict:
 class FilterModule:
     def filters(self) -> dict:
         return {
+            "dflash_shape_problems": shape_problems,
             "dflash_unknown_vars": unknown_vars,
             "dflash_renamed_vars": renamed_vars,
             "dflash_run_spec": dflash_run_spec,

@@ -85,11 +85,36 @@ def deployed(tmp_path_factory: pytest.TempPathFactory, local_envs: Path) -> dict
             {"dflash_trainer_args": {"target_model": "tiny", "seed": "$(id)"}},
             ["argument --seed: '$(id)' is not an integer"],
         ),
-        # A typo in a variable name, with strict checking on.
+        # A typo in a variable name, with strict checking on; outside the dflash_ prefix too.
         (
             "deploy.yml",
             {"dflash_keep_release": 3, "dflash_strict_vars": True},
             ["dflash_keep_release is set but unknown", "did you mean dflash_keep_releases?"],
+        ),
+        (
+            "deploy.yml",
+            {"dlfash_ref": "v1", "dflash_strict_vars": True},
+            ["dlfash_ref is set but unknown to dflash-deploy (did you mean dflash_ref?)"],
+        ),
+        # A list or mapping given as a string (-e dflash_trainer_args=max_steps=100): the spec
+        # takes 'k=v' for a mapping and 'a,b' for a list, the dflash role's first task does not.
+        (
+            "deploy.yml",
+            {"dflash_trainer_args": "max_steps=100"},
+            [
+                "dflash_trainer_args must be a mapping of flag: value, got the string "
+                """'max_steps=100'; e.g. -e '{"dflash_trainer_args": {"max_steps": 100}}'""",
+            ],
+        ),
+        (
+            "rollback.yml",
+            {"dflash_trainer_env": "NCCL_DEBUG=INFO", "dflash_protect_releases": "v1"},
+            [
+                "dflash_protect_releases must be a list of release names, got the string 'v1'; "
+                """e.g. -e '{"dflash_protect_releases": ["v1"]}'""",
+                "dflash_trainer_env must be a mapping of NAME: value, got the string "
+                """'NCCL_DEBUG=INFO'; e.g. -e '{"dflash_trainer_env": {"NCCL_DEBUG": "WARN"}}'""",
+            ],
         ),
     ],
 )
@@ -155,12 +180,17 @@ def test_warnings_for_unknown_variables_and_code_changing_env(deployed):
     before = snapshot(root)
     run = run_playbook(
         "deploy.yml",
-        {**deployed, "dflash_restrat": True, "dflash_trainer_env": {"LD_PRELOAD": "/x.so"}},
+        {**deployed, "dflash_restrat": True, "dlfash_ref": "v1",
+         "dflash_trainer_env": {"LD_PRELOAD": "/x.so"}},
         check=True,
-    )
+    )  # fmt: skip
     assert run.rc == 0, run.output
-    warning = "[WARNING]: dflash_restrat is set but unknown to dflash-deploy"
-    assert f"{warning} (did you mean dflash_restart?)" in run.text
+    for typo, meant in (("dflash_restrat", "dflash_restart"), ("dlfash_ref", "dflash_ref")):
+        warning = f"[WARNING]: {typo} is set but unknown to dflash-deploy"
+        assert f"{warning} (did you mean {meant}?)" in run.text
+    # The inventory's and Ansible's own variables (ansible_connection, inventory_dir, ...) are
+    # far from every dflash name.
+    assert run.text.count("is set but unknown to dflash-deploy") == 2, run.output
     assert "dflash_trainer_env sets LD_PRELOAD='/x.so'" in run.text
     # Every variable's type is checked once per play, by the dflash role, not once per role.
     assert run.output.count("Validating arguments against arg spec") == 1, run.output
