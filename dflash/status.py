@@ -54,6 +54,10 @@ class StatusFile:
             "step": 0,
             "tokens_per_s": 0.0,
             "throughput_window": None,  # {steps, size} that tokens_per_s covers, once steps run
+            # The median-step tokens/s of the last completed windows, oldest first, and the
+            # steps' own noise (MAD over median): what verify.yml judges a drop by.
+            "throughput_windows": [],
+            "step_spread": None,
             "loss": None,
             "started_at": utc_now(),
             "updated_at": None,

@@ -84,10 +84,16 @@ class Throughput:
     The first step (lazy init, compilation) counts only until the second one is done, so the
     health gate of a deploy compares steady-state speed, not compile time."""
 
+    # Completed windows kept for verify.yml, which names a drop only when it holds over
+    # several consecutive windows (one slow window on a busy host is not drift).
+    KEPT_WINDOWS = 8
+
     def __init__(self, window: int = 20) -> None:
         self.steps: deque[tuple[float, int]] = deque(maxlen=window)
         self.last = time.monotonic()
         self.count = 0
+        self.filling: list[float] = []  # tokens/s of each step of the window being filled
+        self.windows: deque[float] = deque(maxlen=self.KEPT_WINDOWS)
 
     def add(self, num_tokens: int) -> float:
         now = time.monotonic()
@@ -96,7 +102,23 @@ class Throughput:
         self.count += 1
         if self.count == 2:
             self.steps.popleft()
+        if self.count >= 2:  # the first step (compilation) is no window's
+            self.filling.append(num_tokens / max(1e-9, self.steps[-1][0]))
+            if len(self.filling) == self.steps.maxlen:
+                # A window's median step: a single stall does not move it.
+                self.windows.append(round(statistics.median(self.filling), 1))
+                self.filling = []
         return sum(n for _, n in self.steps) / max(1e-9, sum(dt for dt, _ in self.steps))
+
+    @property
+    def step_spread(self) -> float | None:
+        """The steps' own noise: the median absolute deviation of the window's per-step tokens/s
+        over their median. The health check records it; verify's band is drawn from it."""
+        rates = [n / dt for dt, n in self.steps if dt > 0]
+        if len(rates) < 3:
+            return None
+        middle = statistics.median(rates)
+        return round(statistics.median(abs(r - middle) for r in rates) / middle, 4)
 
     @property
     def last_step_s(self) -> float:
@@ -153,6 +175,8 @@ def train(
             loss=loss,
             tokens_per_s=round(tokens_per_s, 1),
             throughput_window=throughput.window,
+            throughput_windows=list(throughput.windows),
+            step_spread=throughput.step_spread,
             stages=means,
             compile_cache=cache.report(),
         )

@@ -1,4 +1,4 @@
-# Controller-side filters: verify's findings from a facts document (DESIGN.md "Verify report")
+# Controller-side filters: verify's findings from a facts document (README "verify.yml")
 # and its table. The checks of the inputs are filter_plugins/dflash_inputs.py's. Just over 300
 # lines: one function a kind of finding, read together as verify's one rule book.
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 from dflash_compile_cache import findings as cache_findings
 from dflash_data import changed_under, identity, recorded
 from dflash_findings import finding
+from dflash_hints import redeploy_command, restart_command, stopped_on_purpose
 from dflash_lines import last_deployment, records_code
 from dflash_lockfile import describe, holder_alive
 from dflash_state_findings import state_findings
@@ -100,7 +101,8 @@ def release_findings(facts: dict, stale_after: float = 1800) -> list[dict]:
                 "release",
                 recorded[-1].get("tree_sha256"),
                 manifest.get("tree_sha256"),
-                f"release {release} differs from what history recorded; redeploy it",
+                f"release {release} differs from what history recorded; put it back: "
+                f"{redeploy_command(facts)}",
             )
         )
     last = last_deployment(facts.get("history") or [])
@@ -135,7 +137,7 @@ def code_findings(facts: dict) -> list[dict]:
                     "code",
                     expected,
                     found,
-                    f"redeploy release {release} (deploy.yml -e dflash_ref=...) or roll back",
+                    f"put release {release} back: {redeploy_command(facts)}",
                     path=path,
                     state=state,
                 )
@@ -154,21 +156,17 @@ def trainer_findings(facts: dict, heartbeat_max_age: float) -> list[dict]:
         groups.setdefault(proc.get("job", proc["pgid"]), []).append(proc)
     out = supervision_findings(facts)
     crash_loop = any(item["kind"] == "crash_loop" for item in out)
-    if not groups and deployment.get("result") == "healthy" and not crash_loop:
-        record = (facts.get("trainers") or {}).get("record") or {}
-        # stop.yml notes itself in trainer.json: a stop on purpose is not a crash to read up on.
-        stopped_by = record.get("stopped_by")
+    # stop.yml notes itself in trainer.json: a stop on purpose is the `stopped` verdict
+    # (verify_verdict), not drift.
+    stopped = stopped_on_purpose(facts)
+    if not groups and deployment.get("result") == "healthy" and not crash_loop and not stopped:
         out.append(
             finding(
                 "not_running",
                 f"a trainer of release {current}",
-                f"no trainer process (stopped by {stopped_by} at {record.get('stopped_at')})"
-                if stopped_by
-                else "no trainer process",
-                f"the trainer was stopped on purpose by playbooks/{stopped_by}; start it again "
-                "with ansible-playbook deploy.yml"
-                if stopped_by
-                else "read runs/latest/train.log, then deploy.yml -e dflash_restart=true",
+                "no trainer process",
+                f"read runs/latest/train.log, then start it again as recorded: "
+                f"{restart_command(facts)}",
             )
         )
     if len(groups) > 1:
@@ -212,6 +210,11 @@ def trainer_findings(facts: dict, heartbeat_max_age: float) -> list[dict]:
     return out
 
 
+def _pin(package: str, version: str | None, absent: str) -> str:
+    """`torch==2.11.0`, or `six (not in the lock)` where there is no version to name."""
+    return f"{package}=={version}" if version else f"{package} ({absent})"
+
+
 def setup_findings(facts: dict) -> list[dict]:
     """run.sh, env and cache against what the deployment of current recorded."""
     deployment = facts.get("deployment") or {}
@@ -223,10 +226,13 @@ def setup_findings(facts: dict) -> list[dict]:
         out.append(
             finding(
                 "run_script",
-                deployment["run_sh_sha256"],
-                run_sh.get("sha256") or "run.sh missing",
+                f"run.sh as deployed (sha256 {deployment['run_sh_sha256'][:12]})",
+                "; ".join(facts.get("run_sh_changes") or [])
+                or (
+                    f"sha256 {run_sh['sha256'][:12]}" if run_sh.get("sha256") else "run.sh missing"
+                ),
                 "run.sh was edited on the target, or a write of it failed on a full disk "
-                "(see `disk`); deploy.yml renders it again",
+                f"(see `disk`); put it back as recorded: {restart_command(facts)}",
                 path=run_sh.get("path"),
             )
         )
@@ -237,7 +243,7 @@ def setup_findings(facts: dict) -> list[dict]:
                 "environment",
                 f"env {env['lock_id']}",
                 "missing",
-                "deploy.yml builds it again",
+                f"build it again as recorded: {restart_command(facts)}",
                 path=env.get("path"),
             )
         )
@@ -245,9 +251,9 @@ def setup_findings(facts: dict) -> list[dict]:
         out.append(
             finding(
                 "environment",
-                f"{item['package']}=={item['expected']}",
-                f"{item['package']}=={item['found']}",
-                "the env was changed by hand; deploy.yml rebuilds it from the lock",
+                _pin(item["package"], item.get("expected"), "not in the lock"),
+                _pin(item["package"], item.get("found"), "not installed"),
+                f"the env was changed by hand; rebuild it from the lock: {restart_command(facts)}",
                 package=item["package"],
             )
         )
@@ -302,8 +308,23 @@ def dflash_findings(
     )
 
 
-def dflash_report_lines(findings: list[dict]) -> list[str]:
+def verify_verdict(facts: dict, findings: list[dict]) -> str:
+    """A host's verdict: `drift` with any finding, else `stopped` when stop.yml stopped its
+    trainer (on purpose: not an alert), else `ok`."""
+    if findings:
+        return "drift"
+    return "stopped" if stopped_on_purpose(facts) else "ok"
+
+
+def dflash_report_lines(findings: list[dict], facts: dict | None = None) -> list[str]:
     """A readable table: one line per finding."""
+    stopped = stopped_on_purpose(facts or {})
+    if not findings and stopped:
+        return [
+            f"STOPPED: the trainer of release {stopped['release']} was stopped on purpose by "
+            f"playbooks/{stopped['by']} at {stopped['at']}; no drift. Start it again as "
+            f"recorded: {stopped['hint']}"
+        ]
     if not findings:
         return ["OK: no drift"]
     lines = [f"{'KIND':<18} {'WHAT':<34} {'EXPECTED':<32} FOUND"]
@@ -320,6 +341,7 @@ class FilterModule:
         return {
             "dflash_findings": dflash_findings,
             "dflash_report_lines": dflash_report_lines,
+            "dflash_verify_verdict": verify_verdict,
             "dflash_data_record": recorded,
             "dflash_data_identity": identity,
         }

@@ -64,7 +64,7 @@ def history_lines(deployments: list[dict]) -> list[str]:
         [
             str(d["number"]),
             _short(d.get("time"), 19),
-            _short(d.get("action")),
+            "repair" if d.get("repaired") else _short(d.get("action")),
             _short(d.get("release"), 24),
             _short(d.get("tree_sha256")),
             _short(d.get("lock_id")),
@@ -76,7 +76,9 @@ def history_lines(deployments: list[dict]) -> list[str]:
         ]
         for d in deployments
     ]
-    return _table(header, rows)
+    repairs = [f"#{d['number']} repaired: {'; '.join(d['repaired'])}"
+               for d in deployments if d.get("repaired")]  # fmt: skip
+    return _table(header, rows) + repairs
 
 
 def _side(summary: dict) -> str:

@@ -13,6 +13,15 @@ from dflash_supervision import supervision_line, supervision_view
 
 # The trainer's window (dflash/train.py Throughput) for status files that do not say it.
 DEFAULT_WINDOW = 20
+# A drop is drift only when every one of the last CONSECUTIVE completed windows is under the
+# band: one slow window on a busy host is not. On an H200 at the 8B shape (0.26 s a step,
+# windows of 20 steps) a 4x collapse fills three windows in about a minute.
+CONSECUTIVE = 3
+# However noisy the reference's steps were, a window at half of it or less is always a drop.
+BAND_FLOOR = 0.5
+# A window's median of n steps errs by about 1.25 x 1.48 x MAD / sqrt(n); three such errors,
+# with n = 20, is 1.25 x the reference's step spread (MAD over median).
+SPREAD_TO_BAND = 1.25
 DIFF_FASTEST = "ansible-playbook diff.yml -e dflash_diff_from=fastest"
 
 
@@ -131,13 +140,40 @@ def grown_stage(now: dict | None, then: dict | None) -> str:
     step_then, step_now = then.get("step"), now.get("step")
     step_growth = (step_now or 0) - (step_then or 0)
     name = max(growth, key=growth.__getitem__) if growth else None
-    # Time that no timed stage took: data, sleeps, a process stopped or starved of CPU.
-    if name is None or growth[name] < step_growth / 2:
+    # Time that no timed stage took: data, sleeps, a process stopped or starved of CPU. A
+    # stage that did not grow is never named as the one that grew.
+    if name is None or growth[name] <= 0 or growth[name] < step_growth / 2:
         return (
             f"the time went outside the timed stages: a step took {step_then} s at the health "
             f"check, {step_now} s now (data, sleeps, a stopped or starved process)"
         )
     return f"stage {name} grew most: {then[name]:.3f} -> {now[name]:.3f} s per step"
+
+
+def band(min_ratio: float, reference: dict | None) -> float:
+    """The share of a reference's tokens/s a window must reach: `min_ratio`, lowered where the
+    reference deployment's own steps were noisy (its recorded step spread), never under
+    BAND_FLOOR."""
+    spread = (reference or {}).get("step_spread")
+    if not isinstance(spread, (int, float)):
+        return min_ratio
+    return round(max(BAND_FLOOR, min(min_ratio, 1 - SPREAD_TO_BAND * spread)), 3)
+
+
+def _judged_speed(status: dict) -> tuple[float | None, str]:
+    """The figure a verdict is given on, and over what: the fastest of the last CONSECUTIVE
+    completed windows (a drop must hold over all of them), or for a trainer that writes no
+    windows (an older release) its rolling figure."""
+    windows = status.get("throughput_windows")
+    if windows is None:
+        steps = _window(status)["steps"]
+        return status.get("tokens_per_s"), f"the last {steps} steps"
+    if len(windows) < CONSECUTIVE:
+        return None, f"too early to judge: {len(windows)} of {CONSECUTIVE} windows measured"
+    size = (status.get("throughput_window") or {}).get("size") or DEFAULT_WINDOW
+    return max(windows[-CONSECUTIVE:]), (
+        f"the last {CONSECUTIVE} windows of {size} steps (the fastest window's median step)"
+    )
 
 
 def throughput_view(facts: dict, min_ratio: float = 0.8, heartbeat_max_age: float = 60) -> dict:
@@ -164,28 +200,33 @@ def throughput_view(facts: dict, min_ratio: float = 0.8, heartbeat_max_age: floa
         return dict(view, note=f"the trainer is {status.get('state') or 'without status.json'}")
     if status.get("code_tree_sha256") != tree:
         return dict(view, note="the trainer runs another release than current")
-    now = status.get("tokens_per_s")
+    judged, over = _judged_speed(status)
     view.update(
-        tokens_per_s=now,
+        tokens_per_s=status.get("tokens_per_s"),
+        judged_tokens_per_s=judged,
         window=_window(status),
+        windows=status.get("throughput_windows"),
         stages=status.get("stages"),
         slowest_stage=slowest_stage(status.get("stages")),
     )
     for key in ("health_check", "fastest"):
         then = (view[key] or {}).get("tokens_per_s")
-        if isinstance(now, (int, float)) and then:
-            view["ratios"][key] = round(now / then, 3)
+        if isinstance(judged, (int, float)) and then:
+            view["ratios"][key] = round(judged / then, 3)
+            view.setdefault("bands", {})[key] = band(min_ratio, view[key])
     age = leader.get("heartbeat_age_s")
     if age is not None and age > heartbeat_max_age:
         return dict(view, note=f"status.json is {age:g} s old (heartbeat_stale): not judged")
     steps, size = view["window"]["steps"], view["window"]["size"]
     if size and steps < size:
         return dict(view, note=f"too early to judge: {steps} of {size} steps measured")
+    if judged is None:
+        return dict(view, note=over)
     if not view["ratios"]:
         return dict(view, note="no health-check tokens/s recorded for this deployment")
     if min_ratio <= 0:
         return dict(view, note="not judged: dflash_verify_min_throughput_ratio is 0")
-    return dict(view, judged=True, note=f"judged over the last {steps} steps")
+    return dict(view, judged=True, note=f"judged over {over}")
 
 
 def _named(ref: dict) -> str:
@@ -198,21 +239,21 @@ def throughput_findings(
     """`throughput` when the running trainer's tokens/s is under `min_ratio` of its health
     check or of the fastest healthy deployment of the same layout and shape."""
     view = throughput_view(facts, min_ratio, heartbeat_max_age)
-    ratios = view["ratios"]
-    if not view["judged"] or all(ratio >= min_ratio for ratio in ratios.values()):
+    ratios, bands = view["ratios"], view.get("bands") or {}
+    if not view["judged"] or all(ratio >= bands[key] for key, ratio in ratios.items()):
         return []
     check, fastest = view["health_check"], view["fastest"]
     expected, found = [], []
     if check:
         expected.append(
-            f">= {min_ratio:g} x {_speed(check['tokens_per_s'])} tokens/s "
+            f">= {bands['health_check']:g} x {_speed(check['tokens_per_s'])} tokens/s "
             f"(health check of {_named(check)})"
         )
         found.append(f"x{ratios['health_check']:g} of the health check")
     if fastest:
         which = "this deployment" if fastest.get("current") else _named(fastest)
         expected.append(
-            f">= {min_ratio:g} x {_speed(fastest['tokens_per_s'])} tokens/s "
+            f">= {bands['fastest']:g} x {_speed(fastest['tokens_per_s'])} tokens/s "
             f"(fastest of this layout and shape: {which})"
         )
         found.append(f"x{ratios['fastest']:g} of the fastest")
@@ -229,8 +270,9 @@ def throughput_findings(
         finding(
             "throughput",
             "; ".join(expected),
-            f"{_speed(view['tokens_per_s'])} tokens/s over the last {view['window']['steps']} "
-            f"steps at step {trainer.get('step')} ({', '.join(found)})",
+            f"{_speed(view['judged_tokens_per_s'])} tokens/s "
+            f"{view['note'].removeprefix('judged ')} at step {trainer.get('step')} "
+            f"({', '.join(found)})",
             (
                 f"{data_moved} (against the {'fastest' if fastest else 'health check'}); "
                 if data_moved
@@ -239,7 +281,7 @@ def throughput_findings(
             + f"{grown_stage(view['stages'], (check or {}).get('stages'))}; {host_changed}"
             f"what changed since the fastest: {DIFF_FASTEST}",
             pid=trainer.get("pid"),
-            tokens_per_s=view["tokens_per_s"],
+            tokens_per_s=view["judged_tokens_per_s"],
             health_check=check,
             fastest=fastest,
             ratios=ratios,

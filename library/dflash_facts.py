@@ -129,6 +129,13 @@ run_sh:
   description: C(path), C(content) and C(sha256) of run.sh (content null when missing).
   type: dict
   returned: always
+run_sh_changes:
+  description:
+    - The lines removed (C(-)) and added (C(+)) in run.sh against the text the deployment of
+      current recorded (at most 12, then how many more); empty when they agree.
+  type: list
+  elements: str
+  returned: always
 history_damaged:
   description: The lines of history.jsonl that are not a JSON record (line from 1, bytes, text).
   type: list
@@ -246,6 +253,7 @@ from ansible.module_utils.dflash_state import (
     RELEASES,
     STATUS,
     SUPERVISOR,
+    changed_lines,
     current_release,
     deployment_index,
     previous_deployment,
@@ -394,6 +402,10 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
     deployment = None if index is None else history[index]
     facts["deployment"] = (
         {k: v for k, v in deployment.items() if k != "run_sh_text"} if deployment else None
+    )
+    # What a hand edit changed in run.sh, line by line (verify's run_script finding shows it).
+    facts["run_sh_changes"] = changed_lines(
+        (deployment or {}).get("run_sh_text"), facts["run_sh"]["content"]
     )
     # The figures a running trainer's tokens/s is judged against, over the whole history.
     facts["throughput_references"] = throughput_references(history, index)

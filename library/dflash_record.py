@@ -12,8 +12,8 @@ description:
     tokens/s, controller)."
   - Idempotent. No line is written when history already says this is what is deployed (the
     same trainer run, or the same release, tree, run.sh and env as the newest deployment
-    line); the launch writes the line of a healthy trainer itself, so a run killed after the
-    launch loses nothing.
+    line), unless this run repaired something (I(launch_recorded)); the launch writes the line
+    of a healthy trainer itself, so a run killed after the launch loses nothing.
   - Then removes releases beyond the I(keep) most recent healthy deployments, never the current
     release, the previous healthy deployment (the default rollback target) nor any in
     I(protect); and envs that no kept release's deployment used.
@@ -57,6 +57,14 @@ options:
     type: list
     elements: str
     default: []
+  launch_recorded:
+    description:
+      - Whether this run's launch already wrote the line (a healthy trainer it started). When
+        not, and I(record) has a non-empty C(why) (what the run's steps changed), a deployment
+        that history already has gets a line anyway, with C(repaired) set to that list - a
+        repair (run.sh rendered again, an env rebuilt) is a change and has its line.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -100,7 +108,7 @@ import shutil
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_disk import disk_full_message, is_disk_full
 from ansible.module_utils.dflash_lockfile import LockError, held
-from ansible.module_utils.dflash_record import already_recorded, history_entry, record_once
+from ansible.module_utils.dflash_record import history_entry, line_for, record_once
 from ansible.module_utils.dflash_state import (
     ENVS,
     StateError,
@@ -163,12 +171,14 @@ def run(module: AnsibleModule) -> dict:
         root, manifest, params["record"], release=release, action=params["action"],
         result=params["result"], previous=params["previous"], run_sh_text=params["run_sh_text"],
     )  # fmt: skip
+    # A run whose steps changed the target, and whose launch wrote no line: a repair.
+    repairs = not params["launch_recorded"]
     if module.check_mode:
         # What the target shows now (run.sh as it is): whether history would get a line.
-        fresh = not already_recorded(read_history(root), entry)
+        fresh = line_for(read_history(root), entry, repairs) is not None
         return {"changed": fresh, "recorded": fresh, "pruned": [], "pruned_envs": []}
     with held(root, params["token"], params["action"], "record"):
-        written = record_once(root, entry)
+        written = record_once(root, entry, repairs)
         # An export changes no release: keep-N has nothing new to do.
         pruned, pruned_envs = (
             ([], []) if params["action"] == "export"
@@ -203,6 +213,7 @@ def main() -> None:
             "record": {"type": "dict", "default": {}},
             "keep": {"type": "int", "default": 5},
             "protect": {"type": "list", "elements": "str", "default": []},
+            "launch_recorded": {"type": "bool", "default": False},
             "token": {"type": "str", "no_log": False},
         },
         supports_check_mode=True,

@@ -59,6 +59,8 @@ def listing(history: list[dict]) -> list[dict]:
                 "reason": entry.get("reason"),
                 # An interrupted deploy or rollback: the phase it reached.
                 "phase": entry.get("phase"),
+                # A deploy that repaired a deployment history already had: what it repaired.
+                "repaired": entry.get("repaired"),
                 "steps_lost": entry.get("steps_lost"),
                 "time_to_first_step_s": entry.get("time_to_first_step_s"),
             }

@@ -75,20 +75,33 @@ def facts_trainer_plan(
     )  # fmt: skip
 
 
-def _release_work(state: dict, release: str, tree_sha256: str) -> list[str]:
+def _switch(state: dict, release: str, source: str) -> str:
+    """`current: v1 -> v2`, saying so when this replaces a release a rollback put back."""
+    now = (state.get("current") or {}).get("release")
+    last = last_deployment(state.get("history") or []) or {}
+    line = f"current: {now or 'none'} -> {release}"
+    if last.get("action") == "rollback" and last.get("release") == now:
+        line += (
+            f" (this replaces {now}, which rollback.yml put back at {last.get('time')}, with "
+            f"{source})"
+        )
+    return line
+
+
+def _release_work(state: dict, release: str, tree_sha256: str, source: str) -> list[str]:
     """What the release and activate steps would do: push, unpack again, switch current."""
     current = state.get("current") or {}
     check = state.get("release_check") or {}
     reasons = []
     if current.get("release") != release:
-        reasons.append(f"current: {current.get('release') or 'none'} -> {release}")
+        reasons.append(_switch(state, release, source))
     if current.get("not_a_link") or current.get("dangling"):
         reasons.append("current is not a link to a release")
     if not check.get("present"):
         reasons.append(f"release {release} is not on the target")
     elif any((check.get("drift") or {}).values()):
         reasons.append(f"files of release {release} differ from its manifest")
-    if (state.get("release_trees") or {}).get(release) != tree_sha256:
+    elif (state.get("release_trees") or {}).get(release) != tree_sha256:
         reasons.append(f"release {release} on the target holds another tree")
     if current.get("manifest_consistent") is False:
         reasons.append("the MANIFEST.json of current was edited")
@@ -127,13 +140,15 @@ def deploy_work(
     keep: int = 5,
     job: dict | None = None,
     interrupted: bool = False,
+    source: str = "the working tree",
 ) -> list[str]:
     """Why this deploy's steps must run on the target, one line each; [] for a no-op.
 
     `state` is preflight's read (dflash_facts with check_release and lock), `run_sh_sha256`
     the hash of run.sh as the runscript step would render it here, `cache_dir` the compile
     cache this build names, `interrupted` whether this run took the deploy lock over from an
-    interrupted one (state is read under this run's lock, so no other run changes it). The
+    interrupted one (state is read under this run's lock, so no other run changes it), `source`
+    what the release is built from (`ref v2`, `the working tree of /src`). The
     record step adds no line when history's newest deployment has the same identity
     (module_utils/dflash_record.py IDENTITY), which is checked here.
     """
@@ -148,7 +163,7 @@ def deploy_work(
     last = last_deployment(state.get("history") or [])
     if last is None:
         return [*reasons, "history has no deployment"]
-    reasons += _release_work(state, release, tree_sha256)
+    reasons += _release_work(state, release, tree_sha256, source)
     wanted_env = state.get("wanted_env") or {}
     if not wanted_env.get("exists") or wanted_env.get("drift"):
         reasons.append(f"env {lock_id} is missing or has drifted from its lock")

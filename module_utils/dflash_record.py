@@ -54,9 +54,22 @@ def already_recorded(history: list[dict], entry: dict) -> bool:
     return not run_id or last.get("run_id") == run_id
 
 
-def record_once(root: str, entry: dict) -> bool:
-    """Append `entry` unless history already has it; True when a line was written."""
-    if already_recorded(read_history(root), entry):
+def line_for(history: list[dict], entry: dict, repairs: bool = False) -> dict | None:
+    """The line to append for `entry`, or None when history already has it. With `repairs`
+    (this run changed the target and no line says so yet) a deployment history already has
+    gets a line too, `repaired` naming what (the entry's `why`): every change a playbook
+    makes has its line."""
+    if not already_recorded(history, entry):
+        return entry
+    if repairs and entry.get("why"):
+        return {**entry, "repaired": entry["why"]}
+    return None
+
+
+def record_once(root: str, entry: dict, repairs: bool = False) -> bool:
+    """Append the line for `entry` (line_for) unless there is none; True when one was written."""
+    line = line_for(read_history(root), entry, repairs)
+    if line is None:
         return False
-    append_history(root, entry)
+    append_history(root, line)
     return True

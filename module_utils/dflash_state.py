@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import fcntl
 import json
@@ -110,6 +111,16 @@ def read_run_script(root: str) -> dict:
     except FileNotFoundError:
         return {"path": path, "content": None, "sha256": None}
     return {"path": path, "content": data.decode(errors="replace"), "sha256": sha256_bytes(data)}
+
+
+def changed_lines(recorded: str | None, now: str | None, limit: int = 12) -> list[str]:
+    """The lines an edit removed (`-`) and added (`+`) between a recorded text and the file
+    now, at most `limit` of them (then how many more); [] when either is unknown or equal."""
+    if recorded is None or now is None or recorded == now:
+        return []
+    diff = difflib.unified_diff(recorded.splitlines(), now.splitlines(), lineterm="", n=0)
+    lines = [line for line in diff if line[:1] in "+-" and line[:3] not in ("---", "+++")]
+    return lines[:limit] + ([f"... {len(lines) - limit} more"] if len(lines) > limit else [])
 
 
 def current_release(root: str) -> tuple[str | None, str | None]:

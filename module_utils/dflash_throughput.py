@@ -135,6 +135,8 @@ def reference(history: list[dict], index: int) -> dict:
         "action": entry.get("action"),
         "time": entry.get("time"),
         "tokens_per_s": entry.get("tokens_per_s"),
+        # Its steps' own noise at the health check (MAD over median): verify's band.
+        "step_spread": entry.get("step_spread"),
         "stages": entry.get("stages"),
         # What it trained on, so that a slower run on longer samples is named as such.
         "data": {key: entry["data"].get(key) for key in ("content_sha256", "lengths")}

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import testinfra.host
+from dflash_hints import redeploy_command, restart_command
 
 from tests.deployed.state import REPO, Target
 
@@ -179,7 +180,7 @@ def test_manifest_is_consistent(state: Target) -> None:
         f"{state.name}: releases/{release}/MANIFEST.json",
         "file hashes that add up to its tree_sha256",
         "a manifest edited on the target",
-        f"redeploy {release} (deploy.yml -e dflash_ref=...)",
+        f"put {release} back: {redeploy_command(state.facts)}",
     )
     recorded = (state.facts["deployment"] or {}).get("tree_sha256")
     tree = current["manifest"].get("tree_sha256")
@@ -187,7 +188,8 @@ def test_manifest_is_consistent(state: Target) -> None:
         f"{state.name}: tree of release {release}",
         f"{recorded} (history.jsonl)",
         tree,
-        f"release {release} was replaced on the target; redeploy it",
+        f"release {release} was replaced on the target; put it back: "
+        f"{redeploy_command(state.facts)}",
     )
 
 
@@ -269,7 +271,7 @@ def test_environment_matches_lock(state: Target) -> None:
         f"{state.name}: environment",
         f"envs/{lock_id} holding the locked wheels",
         "missing" if env else "no lock_id in the deployment's history entry",
-        "deploy.yml builds it again from the lock",
+        f"build it again from the lock as recorded: {restart_command(state.facts)}",
     )
     problems = findings(state, "environment")
     assert not problems, explain(state, problems)
@@ -281,8 +283,8 @@ def test_run_sh_is_as_deployed(state: Target) -> None:
     assert run_sh["sha256"] == expected, says(
         f"{state.name}: {run_sh['path']} (sha256)",
         f"{expected} (history.jsonl)",
-        run_sh["sha256"] or "run.sh missing",
-        "run.sh was edited on the target; deploy.yml renders it again",
+        "; ".join(state.facts.get("run_sh_changes") or []) or run_sh["sha256"] or "missing",
+        f"run.sh was edited on the target; put it back as recorded: {restart_command(state.facts)}",
     )
 
 

@@ -108,15 +108,15 @@ def test_each_drift_is_found_and_named(deploy, trainer_repo, playbook, target_ro
     [item] = kinds(verify())["not_running"]
     assert "v2" in item["expected"]
     assert "read runs/latest/train.log" in item["hint"]
-    # Stopped on purpose by stop.yml: the hint says so and how to start it again.
+    assert item["hint"].endswith("ansible-playbook rollback.yml -e dflash_release=v2"), item
+    # Stopped on purpose by stop.yml: the `stopped` verdict, no finding, exit 0.
     assert deploy("v2").rc == 0
     stop = playbook("playbooks/stop.yml")
     assert stop.rc == 0, stop.output
     run = verify()
-    [item] = kinds(run)["not_running"]
-    assert item["hint"] == (
-        "the trainer was stopped on purpose by playbooks/stop.yml; start it again with "
-        "ansible-playbook deploy.yml"
-    ), item
-    assert "stopped by stop.yml at " in item["found"]
-    assert "playbooks/stop.yml; start it again with ansible-playbook deploy.yml" in run.text
+    assert run.rc == 0, run.output
+    assert run.report["hosts"]["local"]["verdict"] == "stopped"
+    assert not run.report["hosts"]["local"]["findings"]
+    assert "STOPPED: the trainer of release v2 was stopped on purpose by playbooks/stop.yml" in (
+        run.text
+    )

@@ -113,3 +113,23 @@ def test_inputs_that_always_run_the_steps():
     # What this deploy would make differs from what the target has and runs.
     assert "current: v1 -> v2" in work(release="v2")
     assert work(changed("trainers.processes", []), launch=False) == []
+
+
+def test_a_deploy_over_a_rolled_back_release_names_both_before_it_changes_anything():
+    back = changed("history.1.action", "rollback")
+    back["history"][1]["time"] = "2026-12-04T10:00:00+00:00"
+    [switch] = [r for r in work(back, release="v2", source="ref v2") if r.startswith("current:")]
+    assert switch == (
+        "current: v1 -> v2 (this replaces v1, which rollback.yml put back at "
+        "2026-12-04T10:00:00+00:00, with ref v2)"
+    )
+    assert "replaces" not in " ".join(work(release="v2"))  # after a plain deploy: no such note
+
+
+def test_one_reason_per_fact_about_the_release_folder():
+    """A release that is not on the target does not also hold 'another tree'."""
+    missing = changed("release_check.present", False)
+    del missing["release_trees"]["v1"]
+    reasons = work(missing)
+    assert "release v1 is not on the target" in reasons
+    assert not [r for r in reasons if "holds another tree" in r], reasons

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 from dflash_verify_filters import (
+    band,
     grown_stage,
     throughput_findings,
     throughput_view,
@@ -165,3 +166,41 @@ def test_the_summary_carries_the_figures_and_what_each_check_looked_at():
         "(#1 v1, x0.08) | slowest stage drafter_backward 1.900 s"
     )
     assert lines[3] == "check gpu: not applicable: no nvidia-smi on the target (a CPU target)"
+
+
+def test_a_drop_is_drift_only_when_it_holds_over_consecutive_windows():
+    """A trainer that writes its windows is judged on the last three: one slow window on a busy
+    host is no drift; three in a row are, named with the fastest of them."""
+    one_slow = facts(now=500.0, throughput_windows=[980.0, 1010.0, 990.0, 620.0])
+    assert throughput_findings(one_slow, 0.8) == []
+    assert throughput_view(one_slow, 0.8)["note"] == (
+        "judged over the last 3 windows of 20 steps (the fastest window's median step)"
+    )
+    held = facts(now=500.0, throughput_windows=[990.0, 300.0, 240.0, 250.0])
+    [item] = throughput_findings(held, 0.8)
+    assert item["found"].startswith("300 tokens/s over the last 3 windows of 20 steps")
+    assert item["ratios"]["health_check"] == 0.3
+    early = facts(now=1.0, throughput_windows=[1.0, 1.0])
+    assert throughput_findings(early, 0.8) == []
+    assert throughput_view(early, 0.8)["note"] == "too early to judge: 2 of 3 windows measured"
+
+
+def test_the_band_widens_with_the_references_own_step_noise_but_never_past_half():
+    quiet, noisy, wild = (dict(ref(2, "v2", 1000.0), step_spread=s) for s in (0.01, 0.2, 0.9))
+    assert band(0.8, quiet) == 0.8 and band(0.8, None) == 0.8
+    assert band(0.8, noisy) == 0.75  # 1 - 1.25 x 0.2
+    assert band(0.8, wild) == 0.5
+    doc = facts(now=1.0, throughput_windows=[770.0, 760.0, 765.0])
+    doc["throughput_references"]["health_check"]["step_spread"] = 0.2
+    doc["throughput_references"]["fastest"]["step_spread"] = 0.2
+    assert throughput_findings(doc, 0.8) == []  # x0.77, inside the noisy reference's band
+    doc["throughput_references"]["health_check"]["step_spread"] = 0.01
+    doc["throughput_references"]["fastest"]["step_spread"] = 0.01
+    [item] = throughput_findings(doc, 0.8)
+    assert item["expected"].startswith(">= 0.8 x 1000 tokens/s")
+
+
+def test_a_stage_that_shrank_is_never_named_as_the_one_that_grew():
+    now = dict(STAGES_THEN, optimizer=0.005, step=0.19)
+    hint = grown_stage(now, STAGES_THEN)
+    assert "grew most" not in hint and "outside the timed stages" in hint

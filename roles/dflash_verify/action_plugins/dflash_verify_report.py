@@ -26,15 +26,15 @@ description:
 options:
   jobs:
     description:
-      - job -> its verdict (ok, drift, broken), C(hosts), C(release), C(rdzv_id), C(world_size),
-        C(nodes) and C(findings), from filter_plugins/dflash_job_verify.py.
+      - job -> its verdict (ok, stopped, drift, broken), C(hosts), C(release), C(rdzv_id),
+        C(world_size), C(nodes) and C(findings), from filter_plugins/dflash_job_verify.py.
     type: dict
     default: {}
   report:
     description:
-      - host -> C(verdict) (ok, drift, unreachable), C(release), C(findings), and the figures
-        C(trainer), C(supervision), C(compile_cache), C(throughput), C(gpu) and C(checks) of
-        filter_plugins/dflash_verify.py.
+      - host -> C(verdict) (ok, stopped, drift, unreachable), C(release), C(findings), and the
+        figures C(trainer), C(supervision), C(compile_cache), C(throughput), C(gpu) and
+        C(checks) of filter_plugins/dflash_verify.py.
     type: dict
     required: true
   json_path:
@@ -90,8 +90,9 @@ KINDS = ("code", "release", "stale_process", "duplicate_trainer", "not_running",
          "disk")  # fmt: skip
 # The causes of lost time that supervisor.json's goodput names (dflash/goodput.py CAUSES).
 BADPUT = ("startup", "checkpoint", "lost", "hang", "down")
-VERDICTS = ("ok", "drift", "unreachable")
-JOB_VERDICTS = ("ok", "drift", "broken")
+# `stopped`: stop.yml stopped the trainer on purpose, nothing drifted (verify exits 0).
+VERDICTS = ("ok", "stopped", "drift", "unreachable")
+JOB_VERDICTS = ("ok", "stopped", "drift", "broken")
 REFERENCES = ("health_check", "fastest")
 
 
@@ -116,10 +117,10 @@ def _failure(
 
 def junit_xml(report: dict[str, dict], jobs: dict[str, dict] | None = None) -> bytes:
     """One <testcase> per host: a <failure> listing the findings of a drifted host, an <error>
-    for one that could not be read; one per job, failed unless its verdict is ok."""
+    for one that could not be read; one per job, failed unless its verdict is ok or stopped."""
     jobs = jobs or {}
     verdicts = [result.get("verdict") for result in report.values()]
-    failed_jobs = sum(job.get("verdict") != "ok" for job in jobs.values())
+    failed_jobs = sum(job.get("verdict") not in ("ok", "stopped") for job in jobs.values())
     suite = ElementTree.Element(
         "testsuite",
         name="dflash-verify",
@@ -144,7 +145,7 @@ def junit_xml(report: dict[str, dict], jobs: dict[str, dict] | None = None) -> b
             _failure(case, f"{len(findings)} finding(s): {', '.join(kinds)}", findings, _what)
     for name, job in sorted(jobs.items()):
         case = ElementTree.SubElement(suite, "testcase", classname="dflash.verify.job", name=name)
-        if job.get("verdict") != "ok":
+        if job.get("verdict") not in ("ok", "stopped"):
             findings = job.get("findings") or []
             message = f"job {job.get('verdict')}: {len(findings)} finding(s)"
             _failure(case, message, findings, lambda item: str(item.get("host")))
