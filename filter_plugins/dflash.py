@@ -1,4 +1,4 @@
-# Controller-side filters: verify's findings from a facts document (README "verify.yml")
+# Controller-side filters: verify's findings from a facts document (docs/verify.md)
 # and its table. The checks of the inputs are filter_plugins/dflash_inputs.py's. Just over 300
 # lines: one function a kind of finding, read together as verify's one rule book.
 from __future__ import annotations

@@ -123,7 +123,7 @@ _LOCK_EXAMPLE = {"python": "3.11", "torch": "2.11.0+cu128", "wheels": {"numpy": 
 # tests/unit/test_input_shapes.py holds this table to the roles' specs.
 SHAPES: dict[str, tuple[str, list | dict]] = {
     "dflash_protect_releases": ("a list of release names", ["v1"]),
-    "dflash_env_lock": ('a mapping (README, "The environment lock")', _LOCK_EXAMPLE),
+    "dflash_env_lock": ("a mapping (docs/environment-lock.md)", _LOCK_EXAMPLE),
     "dflash_lock": ("a mapping, now named dflash_env_lock", _LOCK_EXAMPLE),
     "dflash_trainer_args": ("a mapping of flag: value", {"max_steps": 100}),
     "dflash_trainer_env": ("a mapping of NAME: value", {"NCCL_DEBUG": "WARN"}),

@@ -1,7 +1,7 @@
 #!/usr/bin/python
-# The target side of the deploy lock: take it, give it up, or read it (README "One run at a
-# time"). The action plugin of the same name (roles/dflash_deploy_lock) decides on the
-# controller whether a holder is dead and may be replaced.
+# The target side of the deploy lock: take it, give it up, or read it (docs/deploy-lock.md).
+# The action plugin of the same name (roles/dflash_deploy_lock) decides on the controller
+# whether a holder is dead and may be replaced.
 from __future__ import annotations
 
 DOCUMENTATION = r"""

@@ -29,7 +29,7 @@ extends_documentation_fragment:
   - dflash_state_root
 options:
   lock:
-    description: The lock (see the README, "The environment lock").
+    description: The lock (see docs/environment-lock.md).
     type: dict
     required: true
   pip_timeout:

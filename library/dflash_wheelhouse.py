@@ -14,7 +14,7 @@ description:
     into the containers), with that machine's pip and its index configuration.
 options:
   lock:
-    description: The lock (see the README, "The environment lock").
+    description: The lock (see docs/environment-lock.md).
     type: dict
     required: true
   dest:

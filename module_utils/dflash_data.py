@@ -1,4 +1,4 @@
-# The training data a deployment names (dflash_data; README "Training data"): what is on the
+# The training data a deployment names (dflash_data; docs/training-data.md): what is on the
 # target at that path, read without reading the data (a store's manifest and its files' sizes,
 # a JSONL file's size and time), and whether a running trainer's data (the manifest summary in
 # its status.json) is still what lies there. Standard library only: the target's modules and

@@ -10,7 +10,7 @@ import os
 
 MB = 1024 * 1024
 # A wheel's installed size against its compressed one: the CPU torch lock's wheelhouse is
-# 240 MB and its env 1.2 GB (README "Disk space"). An estimate, with the reserve as margin.
+# 240 MB and its env 1.2 GB (docs/disk-space.md). An estimate, with the reserve as margin.
 WHEEL_EXPANSION = 5
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 # What to free, in every message about space.

@@ -1,5 +1,5 @@
-# What a lock needs from its target before anything is built (README "The environment
-# lock"): the Python it names and, for a wheelhouse source, every pinned wheel with its hash.
+# What a lock needs from its target before anything is built (docs/environment-lock.md): the
+# Python it names and, for a wheelhouse source, every pinned wheel with its hash.
 # Shared by preflight (through the facts module: before any change) and the env module.
 from __future__ import annotations
 

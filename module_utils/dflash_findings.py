@@ -1,4 +1,4 @@
-# One verify finding (README "verify.yml"): what kind of drift, what was expected, what was
+# One verify finding (docs/verify.md): what kind of drift, what was expected, what was
 # found, the fix, and what it concerns (path, package, pid, gpu). Standard library only.
 from __future__ import annotations
 

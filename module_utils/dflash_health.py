@@ -1,4 +1,4 @@
-# The launch's health check (README "deploy.yml", launch): the trainer's status.json must show
+# The launch's health check (docs/deploy.md, launch): the trainer's status.json must show
 # steps of this run with the deployed code, then its tokens/s must pass the throughput gate.
 from __future__ import annotations
 

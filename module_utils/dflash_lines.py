@@ -1,4 +1,4 @@
-# What a history.jsonl line says about the deployment (README "history.yml and diff.yml").
+# What a history.jsonl line says about the deployment (docs/history-diff.md).
 # Standard library only: the controller's filters use it as well as the target's modules.
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-# The deploy lock of a state root: one deploy, rollback or stop at a time (README "One run at a
-# time"). `.deploy.lock` is a small JSON document: who holds it (the controller's
+# The deploy lock of a state root: one deploy, rollback or stop at a time (docs/deploy-lock.md).
+# `.deploy.lock` is a small JSON document: who holds it (the controller's
 # ansible-playbook process), what that run does (action, release, phase) and when it was last
 # renewed. Modules that change the state are handed the holder's token and check it before each
 # change (a fence), so a run whose lock was taken over can no longer write.

@@ -1,4 +1,4 @@
-# One deployment as a history.jsonl line (README "history.yml and diff.yml"): built from the
+# One deployment as a history.jsonl line (docs/history-diff.md): built from the
 # release's manifest, run.sh and what the caller knows (lock, run.sh values, run id, tokens/s),
 # and written by the step that makes it true (the launch once the trainer is healthy, the
 # record step otherwise), once: a rerun or a second writer finds it there.

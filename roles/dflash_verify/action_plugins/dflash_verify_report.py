@@ -82,7 +82,7 @@ prom_path:
   returned: when prom_path is given
 """
 
-# Every finding kind (README.md, verify.yml): each is a series, 0 when absent, so an alert
+# Every finding kind (docs/verify.md): each is a series, 0 when absent, so an alert
 # on one kind needs no `absent()`.
 KINDS = ("code", "release", "stale_process", "duplicate_trainer", "not_running",
          "heartbeat_stale", "hung", "crash_loop", "environment", "run_script", "cache",
@@ -207,7 +207,14 @@ def prometheus_text(report: dict[str, dict], now: float, jobs: dict | None = Non
         "reference",
     )
     ratio = gauge(
-        "dflash_trainer_throughput_ratio", "tokens/s now over each reference.", "reference"
+        "dflash_trainer_throughput_ratio",
+        "The judged tokens/s (the fastest of the last windows) over each reference.",
+        "reference",
+    )
+    band = gauge(
+        "dflash_trainer_throughput_band",
+        "The share of each reference the judged tokens/s must reach (verify's band).",
+        "reference",
     )
     step = gauge("dflash_trainer_step", "The running trainer's training step.")
     age = gauge("dflash_trainer_status_age_seconds", "Age of the trainer's status.json.")
@@ -237,6 +244,8 @@ def prometheus_text(report: dict[str, dict], now: float, jobs: dict | None = Non
                 reference.labels(host, name).set(figure)
             if (throughput.get("ratios") or {}).get(name) is not None:
                 ratio.labels(host, name).set(throughput["ratios"][name])
+            if (throughput.get("bands") or {}).get(name) is not None:
+                band.labels(host, name).set(throughput["bands"][name])
         for name, seconds in (throughput.get("stages") or {}).items():
             if seconds is not None:
                 stage.labels(host, name).set(seconds)
