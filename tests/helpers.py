@@ -38,10 +38,16 @@ class PlaybookRun:
         return " ".join(self.output.split())
 
 
+# ansible.cfg shows only what changed, failed, warned or was said; the tests read the banners
+# of tasks as they start (kill points) and of tasks that ran or were skipped, so they see every
+# task unless `extra` says otherwise (tests/integration/test_local_output.py: what users see).
+EVERY_TASK = {"ANSIBLE_DISPLAY_OK_HOSTS": "true", "ANSIBLE_DISPLAY_SKIPPED_HOSTS": "true"}
+
+
 def playbook_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment ansible-playbook runs in: this process's, `extra` (a user's shell
-    variables) and the repo's ansible.cfg."""
-    env = dict(os.environ, **(extra or {}))
+    """The environment ansible-playbook runs in: this process's, every task shown, `extra` (a
+    user's shell variables) and the repo's ansible.cfg."""
+    env = {**os.environ, **EVERY_TASK, **(extra or {})}
     env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
     env["ANSIBLE_FORCE_COLOR"] = "0"
     env["ANSIBLE_NOCOLOR"] = "1"

@@ -1,0 +1,55 @@
+"""What a user sees on the screen (ansible.cfg's dflash stdout callback and display settings):
+a wait is progress lines, not FAILED - RETRYING; a no-op deploy fits on a screen and says
+nothing about waiting; a failure is printed once, with the task's place."""
+
+from __future__ import annotations
+
+import configparser
+
+from tests.helpers import REPO
+from tests.integration.conftest import TRAINER_ARGS, add_release
+
+# The display settings of ansible.cfg, over the every-task display the other tests use.
+_CFG = configparser.ConfigParser()
+_CFG.read(REPO / "ansible.cfg")
+AS_CONFIGURED = {
+    f"ANSIBLE_{key.upper()}": _CFG["defaults"][key]
+    for key in ("display_ok_hosts", "display_skipped_hosts")
+}
+# A no-op deploy measured 12 lines (PLAY, "Nothing to change on local", PLAY RECAP).
+NOOP_MAX_LINES = 15
+WAIT = "Wait for the trainer's health check - 5 training steps of release v"
+
+
+def test_the_screen_shows_progress_and_a_no_op_fits(deploy, trainer_repo):
+    # At least 1 s a step: the health wait lasts 5 s or more, so it is polled (every 5 s).
+    args = dict(TRAINER_ARGS, sleep_per_step=1.0)
+    first = deploy("v1", dflash_trainer_args=args, _env=AS_CONFIGURED)
+    assert first.rc == 0, first.output
+    assert "FAILED - RETRYING" not in first.output, first.output
+    # The wait's task names what it waits on, then a progress line with the seconds waited.
+    waited = first.output.split(WAIT + "1 within 180 s")[1].split("TASK [")[0]
+    assert "[local] still waiting: " in waited, first.output
+
+    again = deploy("v1", dflash_trainer_args=args, _env=AS_CONFIGURED)
+    assert again.rc == 0 and again.changed() == 0, again.output
+    assert "Nothing to change on local" in again.text, again.output
+    lines = again.output.splitlines()
+    assert len(lines) <= NOOP_MAX_LINES, again.output
+    assert not [line for line in lines if "wait" in line.lower()], again.output
+
+    # Check mode waits on nothing and says so; nothing is polled.
+    add_release(trainer_repo, "v2", "dflash/__init__.py", "# v2\n")
+    dry = deploy("v2", dflash_trainer_args=args, _check=True, _env=AS_CONFIGURED)
+    assert dry.rc == 0 and "would restart the trainer of release v2" in dry.text, dry.output
+    assert WAIT not in dry.output and "still waiting" not in dry.output, dry.output
+
+
+def test_a_failure_is_printed_once_with_its_place(deploy):
+    failed = deploy("v1", dflash_keep_releases=0, _env=AS_CONFIGURED)
+    message = "dflash_keep_releases=0 would prune the current release; use 1 or more."
+    assert failed.rc != 0 and failed.output.count(message) == 1, failed.output
+    assert f"fatal: [local]: {message}" in failed.output
+    assert "task: roles/dflash_preflight/tasks/main.yml:" in failed.output
+    # No second rendering: the error summary's source excerpt, the result's YAML.
+    assert "Origin:" not in failed.output and "evaluated_to" not in failed.output
