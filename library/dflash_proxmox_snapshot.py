@@ -69,6 +69,7 @@ actions:
   returned: always
 """
 
+import itertools
 import re
 import time
 from typing import Any
@@ -97,10 +98,14 @@ def plan(
         key=lambda s: (int(s.get("snaptime") or 0), str(s["name"])),
     )
     taken = {str(s["name"]) for s in snapshots}
-    stamp = time.strftime(SNAP_STAMP, time.gmtime(now))
-    name, suffix = f"{prefix}-{stamp}", 2
-    while name in taken:  # two deploys within one second
-        name, suffix = f"{prefix}-{stamp}-{suffix}", suffix + 1
+    # Two deploys within one second: the next free second, not a `-2` suffix, so the name
+    # stays as long as the one validate() checked against Proxmox's 40 characters.
+    name = next(
+        candidate
+        for offset in itertools.count()
+        if (candidate := f"{prefix}-{time.strftime(SNAP_STAMP, time.gmtime(now + offset))}")
+        not in taken
+    )
     order = [str(s["name"]) for s in ours] + [name]
     remove = order[: max(0, len(order) - retain)]
     return name, remove, [n for n in order if n not in remove]

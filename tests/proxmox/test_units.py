@@ -193,7 +193,15 @@ def test_snapshot_plan_only_counts_our_snapshots() -> None:
     assert remove == ["dflash-predeploy-20240101000000"]
     assert kept == ["dflash-predeploy-20240102000000", name]
     again = [*snaps, {"name": name, "snaptime": 30}]
-    assert SNAPSHOT.plan(again, "dflash-predeploy", 5, 1735689600.0)[0] == f"{name}-2"
+    # Two in one second: the next second, as long as the first (Proxmox allows 40 characters;
+    # a 25-character prefix with a `-2` suffix would make 42).
+    assert SNAPSHOT.plan(again, "dflash-predeploy", 5, 1735689600.0)[0] == (
+        "dflash-predeploy-20250101000001"
+    )
+    longest = "p" * 25
+    first = SNAPSHOT.plan([], longest, 5, 1735689600.0)[0]
+    second = SNAPSHOT.plan([{"name": first, "snaptime": 1}], longest, 5, 1735689600.0)[0]
+    assert len(first) == len(second) == 40 and first != second
 
 
 def test_gpu_rules_are_cgroup2_with_the_majors_of_the_node() -> None:
