@@ -44,6 +44,10 @@ options:
     description: Restart even when the running trainer matches.
     type: bool
     default: false
+  restart_reason:
+    description: Why I(restart) is set, for the messages.
+    type: str
+    default: dflash_restart is set
   force:
     description: Start even when files of current differ from the manifest.
     type: bool
@@ -235,7 +239,7 @@ from ansible.module_utils.dflash_state import (
 
 
 def plan_here(trainers: list[dict], record: dict | None, status: dict, tree: str | None,
-              run_sh_sha: str | None, restart: bool) -> dict:  # fmt: skip
+              run_sh_sha: str | None, restart: str | None) -> dict:  # fmt: skip
     """module_utils/dflash_plan.py's trainer decision, on what this target holds now (`status`:
     the status.json of the run `record` names)."""
     data = status.get("data") or {}
@@ -366,7 +370,8 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
         if not module.check_mode:  # the cache is put right; the trainer is judged as it is
             write_json_atomic(os.path.join(root, TRAINER_FILE), record)
     before = recorded_status(root, record)  # the recorded run's status, read once
-    plan = plan_here(trainers, record, before, tree, run_sh_sha, params["restart"])
+    restart = params["restart"] and params["restart_reason"]
+    plan = plan_here(trainers, record, before, tree, run_sh_sha, restart)
     why = "; ".join(plan["why"])
     if module.check_mode and plan["action"] != KEEP:
         result.update(
@@ -476,6 +481,7 @@ def main() -> None:
         argument_spec={
             "root": {"type": "path", "required": True},
             "restart": {"type": "bool", "default": False},
+            "restart_reason": {"type": "str", "default": "dflash_restart is set"},
             "force": {"type": "bool", "default": False},
             "stop_timeout": {"type": "int", "default": 60},
             "health_timeout": {"type": "int", "default": 300},

@@ -29,14 +29,15 @@ def trainer_plan(
     *,
     tree_sha256: str | None,
     run_sh_sha256: str | None,
-    restart: bool = False,
+    restart: bool | str = False,
 ) -> dict:
     """What the launch does with the trainer, and why: `keep` the one trainer that
     trainer.json names when it runs this tree from this run.sh, is not stopped, trains (its
     status.json) and its data still lie where it read them; else `start` (none runs) or
     `restart`. `processes` are the root's trainer processes (pid, job, ps state), `status` the
     status.json of the run trainer.json names, `data_now` what lies now at its data's path."""
-    why = ["dflash_restart is set"] if restart else []
+    # `restart` may say why it is set (a release put back after a hand edit).
+    why = [restart if isinstance(restart, str) else "dflash_restart is set"] if restart else []
     if not processes:
         return {"action": START, "why": why or ["no trainer runs"]}
     pid = (record or {}).get("pid")

@@ -89,8 +89,11 @@ def connect(params: dict[str, Any]) -> Any:
         if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
             raise ProxmoxError(
                 f"the certificate of the Proxmox API at {where} is not trusted ({exc}); set "
-                "proxmox_api_ca_file to the node's CA (a copy of /etc/pve/pve-root-ca.pem) "
-                "or, where the network is trusted, proxmox_api_validate_certs: false"
+                "proxmox_api_ca_file to the CA that signed it: for the certificate Proxmox "
+                "made itself (pve-ssl.pem), a copy of the cluster's /etc/pve/pve-root-ca.pem; "
+                "for a custom or ACME one (/etc/pve/nodes/<node>/pveproxy-ssl.pem), the CA "
+                "that issued it (its chain, or the system's CA bundle); where the network is "
+                "trusted, proxmox_api_validate_certs: false"
             ) from exc
         raise ProxmoxError(
             f"cannot reach the Proxmox API at {where} ({exc or type(exc).__name__}); check "

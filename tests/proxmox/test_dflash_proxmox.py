@@ -415,7 +415,9 @@ def test_unreachable_api_unknown_node_untrusted_cert_and_bad_token(
     assert untrusted["msg"].startswith(
         f"the certificate of the Proxmox API at https://127.0.0.1:{bed.api_port} is not trusted"
     )
-    assert "set proxmox_api_ca_file to the node's CA" in untrusted["msg"]
+    assert "set proxmox_api_ca_file to the CA that signed it" in untrusted["msg"]
+    # Both kinds of node certificate are named: a custom or ACME one is not pve-root-ca's.
+    assert "pve-root-ca.pem" in untrusted["msg"] and "pveproxy-ssl.pem" in untrusted["msg"]
     refused = run(
         bed, tmp_path, {}, host_vars={second: {"proxmox_api_token_secret": wrong}}, vmids=[second]
     )[bed.hostname(second)]
