@@ -23,12 +23,13 @@ short_description: Ansible's default output, with waits as progress lines and er
 description:
   - Ansible's default screen output (C(ansible.builtin.default)), with four changes, so that a
     long deploy reads as progress and a no-op one fits on a screen.
-  - A task that retries (C(until) with C(retries); the C(async_status) waits of the env build and
-    the health check) prints a progress line instead of C(FAILED - RETRYING) - the host, the
-    seconds since its job (or the task) started and the most it will wait - at its first retry,
-    then each time it has lasted twice as long, at most every O(progress_interval) seconds. A
-    task polled by Ansible itself (C(async) with C(poll) above 0) prints the same line instead
-    of C(ASYNC POLL).
+  - A task that retries (C(until) with C(retries); the waits of the env build and the health
+    check) prints a progress line instead of C(FAILED - RETRYING) - the host, the seconds since
+    its job (or the task) started, the most it will wait and the C(progress) its result gives
+    (the health wait's C(step 3 of 5), from action_plugins/dflash_wait.py) - at its first
+    retry, then each time it has lasted twice as long, at most every O(progress_interval)
+    seconds. A task polled by Ansible itself (C(async) with C(poll) above 0) prints the same
+    line instead of C(ASYNC POLL).
   - When O(display_ok_hosts) is off, an C(ok) result is still shown when it says something, a
     C(debug) message or a warning (the default hides those warnings with the result);
     C(included) lines are hidden with the other C(ok) results.
@@ -58,10 +59,12 @@ author: dflash-deploy
 """
 
 
-def wait_line(host: str, elapsed_s: float, limit_s: float | None) -> str:
-    """`[gpu-1] still waiting: 35 s (at most 300 s)`."""
+def wait_line(host: str, elapsed_s: float, limit_s: float | None, progress: str | None) -> str:
+    """`[gpu-1] still waiting: 35 s (at most 300 s), step 3 of 5`."""
     limit = f" (at most {limit_s:.0f} s)" if limit_s else ""
-    return f"[{host}] still waiting: {elapsed_s:.0f} s{limit}"
+    return f"[{host}] still waiting: {elapsed_s:.0f} s{limit}" + (
+        f", {progress}" if progress else ""
+    )
 
 
 def due(elapsed_s: float, shown_at_s: float | None, interval_s: float) -> bool:
@@ -141,8 +144,10 @@ class CallbackModule(DefaultCallback):
         self._shown[key] = now - started
         if self._last_task_banner != result.task._uuid:
             self._print_task_banner(result.task)
-        self._display.display(wait_line(self.host_label(result), now - started, limit_s),
-                              color=C.COLOR_VERBOSE)  # fmt: skip
+        # What the job has got to, where its wait task reads it (action_plugins/dflash_wait.py).
+        progress = result.result.get("progress")
+        line = wait_line(self.host_label(result), now - started, limit_s, progress)
+        self._display.display(line, color=C.COLOR_VERBOSE)
 
     def v2_runner_on_ok(self, result: CallbackTaskResult) -> None:
         raw = result.result

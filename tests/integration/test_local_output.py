@@ -5,6 +5,7 @@ nothing about waiting; a failure is printed once, with the task's place."""
 from __future__ import annotations
 
 import configparser
+import re
 
 from tests.helpers import REPO
 from tests.integration.conftest import TRAINER_ARGS, add_release
@@ -22,14 +23,17 @@ WAIT = "Wait for the trainer's health check - 5 training steps of release v"
 
 
 def test_the_screen_shows_progress_and_a_no_op_fits(deploy, trainer_repo):
-    # At least 1 s a step: the health wait lasts 5 s or more, so it is polled (every 5 s).
-    args = dict(TRAINER_ARGS, sleep_per_step=1.0)
+    # At least 2 s a step: the health wait lasts 10 s or more, so it is polled (every 5 s) while
+    # the trainer runs.
+    args = dict(TRAINER_ARGS, sleep_per_step=2.0)
     first = deploy("v1", dflash_trainer_args=args, _env=AS_CONFIGURED)
     assert first.rc == 0, first.output
     assert "FAILED - RETRYING" not in first.output, first.output
-    # The wait's task names what it waits on, then a progress line with the seconds waited.
+    # The wait's task names what it waits on, then progress lines: the seconds waited and, once
+    # the trainer runs, its step (action_plugins/dflash_wait.py).
     waited = first.output.split(WAIT + "1 within 180 s")[1].split("TASK [")[0]
-    assert "[local] still waiting: " in waited, first.output
+    progress = r"^\[local\] still waiting: \d+ s \(at most \d+ s\), step [0-5] of 5$"
+    assert re.search(progress, waited, re.MULTILINE), first.output
 
     again = deploy("v1", dflash_trainer_args=args, _env=AS_CONFIGURED)
     assert again.rc == 0 and again.changed() == 0, again.output

@@ -87,6 +87,17 @@ def test_an_async_wait_prints_progress_from_its_jobs_start_not_retry_lines(scree
     ]
 
 
+def test_a_wait_line_says_the_progress_its_result_gives(screen, clock):
+    callback, lines = screen
+    wait = task("Wait for the health check", "dflash_wait", jid="j2")
+    callback.v2_runner_on_start(Host("gpu-1"), wait)
+    clock(7)
+    data = {"ansible_job_id": "j2", "started": True, "finished": False, "retries": 3,
+            "attempts": 1, "progress": "step 3 of 5"}  # fmt: skip
+    callback.v2_runner_retry(result(wait, data, delay=5))
+    assert lines[1:] == ["[gpu-1] still waiting: 7 s (at most 10 s), step 3 of 5"]
+
+
 def test_a_plain_retry_counts_from_its_task_and_its_retries(screen, clock):
     callback, lines = screen
     poll = task("Wait for the lock", "ansible.builtin.stat", path="/x")
