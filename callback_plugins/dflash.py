@@ -28,8 +28,8 @@ description:
     its job (or the task) started, the most it will wait and the C(progress) its result gives
     (the health wait's C(step 3 of 5), from action_plugins/dflash_wait.py) - at its first
     retry, then each time it has lasted twice as long, at most every O(progress_interval)
-    seconds. A task polled by Ansible itself (C(async) with C(poll) above 0) prints the same
-    line instead of C(ASYNC POLL).
+    seconds. A task polled by Ansible itself (C(async) with C(poll) above 0; the compile cache
+    warm-up) prints the same line instead of C(ASYNC POLL), and no C(ASYNC OK) line.
   - When O(display_ok_hosts) is off, an C(ok) result is still shown when it says something, a
     C(debug) message or a warning (the default hides those warnings with the result);
     C(included) lines are hidden with the other C(ok) results.
@@ -98,6 +98,14 @@ def task_place(task: Task) -> str | None:
     return path if relative.startswith("..") else relative
 
 
+def seconds(value: object) -> float | None:
+    """A task's async or poll value as a number; None while it is still a template."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
 class CallbackModule(DefaultCallback):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "stdout"
@@ -109,32 +117,39 @@ class CallbackModule(DefaultCallback):
         # counts from its job's start, not from the task that polls it.
         self._started: dict[tuple[str, str], float] = {}
         self._jobs: dict[str, tuple[float, float | None]] = {}
+        # The task each host runs now: an async poll's result names a task of Ansible's making.
+        self._running: dict[str, Task] = {}
         # How long each (host, task) had waited at its last progress line.
         self._shown: dict[tuple[str, str], float] = {}
 
     def v2_runner_on_start(self, host: Any, task: Task) -> None:
         self._started[(host.get_name(), task._uuid)] = time.monotonic()
+        self._running[host.get_name()] = task
         super().v2_runner_on_start(host, task)
 
     def v2_runner_retry(self, result: CallbackTaskResult) -> None:
         if self._display.verbosity >= 2:
             super().v2_runner_retry(result)
             return
-        raw = result.result
         delay = float(result.task_fields.get("delay") or 0)
-        limit = max(int(raw.get("retries", 0)) - 1, 0) * delay or None
-        self._progress(result, limit)
+        limit = max(int(result.result.get("retries", 0)) - 1, 0) * delay or None
+        self._progress(result, result.task, limit)
 
     def v2_runner_on_async_poll(self, result: CallbackTaskResult) -> None:
         if self._display.verbosity >= 2:
             super().v2_runner_on_async_poll(result)
             return
-        limit = result.task_fields.get("async_val")
-        self._progress(result, float(limit) if limit else None)
+        # The poll is a task of Ansible's making (async_status); the host's task is the one.
+        task = self._running.get(result.host.get_name(), result.task)
+        limit, poll = seconds(task.async_val), seconds(task.poll) or 0
+        # Each item of a loop is a job of its own, first polled `poll` seconds after it began.
+        began = time.monotonic() - poll
+        self._jobs.setdefault(str(result.result.get("ansible_job_id")), (began, limit))
+        self._progress(result, task, limit)
 
-    def _progress(self, result: CallbackTaskResult, limit_s: float | None) -> None:
+    def _progress(self, result: CallbackTaskResult, task: Task, limit_s: float | None) -> None:
         now = time.monotonic()
-        key = (result.host.get_name(), result.task._uuid)
+        key = (result.host.get_name(), task._uuid)
         started = self._started.get(key, now)
         job = self._jobs.get(str(result.result.get("ansible_job_id")))
         if job:
@@ -142,12 +157,21 @@ class CallbackModule(DefaultCallback):
         if not due(now - started, self._shown.get(key), self.get_option("progress_interval")):
             return
         self._shown[key] = now - started
-        if self._last_task_banner != result.task._uuid:
-            self._print_task_banner(result.task)
+        if self._last_task_banner != task._uuid:
+            self._print_task_banner(task)
         # What the job has got to, where its wait task reads it (action_plugins/dflash_wait.py).
         progress = result.result.get("progress")
         line = wait_line(self.host_label(result), now - started, limit_s, progress)
         self._display.display(line, color=C.COLOR_VERBOSE)
+
+    def v2_runner_on_async_ok(self, result: CallbackTaskResult) -> None:
+        # The job's result line follows: `ASYNC OK on <host>: jid=...` says nothing more.
+        if self._display.verbosity >= 2:
+            super().v2_runner_on_async_ok(result)
+
+    def v2_runner_on_async_failed(self, result: CallbackTaskResult) -> None:
+        if self._display.verbosity >= 2:
+            super().v2_runner_on_async_failed(result)
 
     def v2_runner_on_ok(self, result: CallbackTaskResult) -> None:
         raw = result.result

@@ -87,6 +87,25 @@ def test_an_async_wait_prints_progress_from_its_jobs_start_not_retry_lines(scree
     ]
 
 
+def test_an_async_poll_is_progress_under_its_task_with_no_async_lines(screen, clock):
+    callback, lines = screen
+    warm = Task.load({"name": "Compile", "ansible.builtin.command": {"cmd": "true"},
+                      "async": 600, "poll": 5})  # fmt: skip
+    callback.v2_runner_on_start(Host("gpu-1"), warm)
+    running = {"ansible_job_id": "j9", "started": True, "finished": False}
+    for second in (5, 10, 15):
+        clock(second)
+        # Ansible polls through a task of its own making, a new one each time.
+        poll = task("", "ansible.builtin.async_status", jid="j9")
+        callback.v2_runner_on_async_poll(result(poll, running))
+    callback.v2_runner_on_async_ok(result(poll, {**running, "finished": True}))
+    assert lines == [
+        "TASK [Compile]",
+        "[gpu-1] still waiting: 5 s (at most 600 s)",
+        "[gpu-1] still waiting: 10 s (at most 600 s)",
+    ]
+
+
 def test_a_wait_line_says_the_progress_its_result_gives(screen, clock):
     callback, lines = screen
     wait = task("Wait for the health check", "dflash_wait", jid="j2")
