@@ -10,7 +10,9 @@ import importlib.util
 import json
 import re
 
-from ansible.module_utils.dflash_report import report_data, step_series
+# module_utils/ by its plain name, as the controller's plugins import it (pyproject.toml), so
+# that tests/integration/test_local_report_browser.py builds its page from these histories too.
+from dflash_report import report_data, step_series
 
 from tests.helpers import REPO
 
