@@ -142,18 +142,20 @@ def _plot_host(ax: Any, model: dict, label: str | None, color: str | None) -> No
     """One host's runs, deployments, drops and restarts on the tokens/s axes."""
     rows = model["deployments"]
     drops = {drop["number"] for drop in model["drops"]}
+    # Ids of the figure's groups: a job's page draws several hosts, each id once.
+    tag = f"-{label}" if label else ""
+    prefix = POINTS_GID + tag
     for row in rows:
         steps = [(_time(p["time"]), p["tokens_per_s"]) for p in row.get("series") or []]
         steps = [(t, v) for t, v in steps if t is not None]
         if steps:
             ax.plot(*zip(*steps, strict=True), lw=0.8, alpha=0.45, color=color or "tab:blue",
-                    gid=f"dflash-run-{row['number']}")  # fmt: skip
+                    gid=f"dflash-run{tag}-{row['number']}")  # fmt: skip
     points = [r for r in rows if _is_point(r) and _time(r.get("time"))]
     kinds = {
         "deploy": ("o", "deployment (health check)"),
         "rollback": ("s", "rollback (health check)"),
     }
-    prefix = f"{POINTS_GID}-{label}" if label else POINTS_GID
     for action, (marker, name) in kinds.items():
         rated = [r for r in points if r.get("action", "deploy") == action
                  and _number(r.get("tokens_per_s"))]  # fmt: skip
@@ -174,13 +176,14 @@ def _plot_host(ax: Any, model: dict, label: str | None, color: str | None) -> No
     if dropped:
         ax.plot([_time(r["time"]) for r in dropped], [r["tokens_per_s"] for r in dropped],
                 ls="none", marker="o", ms=13, mfc="none", mec="tab:red", mew=2,
-                label="drop beyond the noise band", gid="dflash-drops")  # fmt: skip
+                label=f"{label + ': ' if label else ''}drop beyond the noise band",
+                gid=f"dflash-drops{tag}")  # fmt: skip
     restarts = [_time(r.get("time")) for r in rows if r.get("action") == "restart"]
     restarts = [t for t in restarts if t is not None]
     if restarts:
         ax.vlines(restarts, 0, 1, transform=ax.get_xaxis_transform(), colors="tab:orange",
                   linestyles="dashed", lw=1, label="supervisor restart",
-                  gid="dflash-restarts")  # fmt: skip
+                  gid=f"dflash-restarts{tag}")  # fmt: skip
     for row in points:
         if len(points) <= LABEL_ALL or row["number"] in drops:
             speed = _number(row.get("tokens_per_s"))
