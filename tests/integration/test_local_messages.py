@@ -4,7 +4,14 @@ after a rollback says what it replaces before it changes anything."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+
+from tests.helpers import build_wheel
 from tests.integration.conftest import TRAINER_ARGS, add_release, alive, read_json
+from tests.integration.test_local_verify import env_pip
 
 LAUNCH = {"dflash_launch": True, "dflash_trainer_args": TRAINER_ARGS, "dflash_health_timeout": 180}
 
@@ -36,13 +43,23 @@ def test_after_a_rollback_every_hint_keeps_the_rolled_back_release(
     assert (host["verdict"], host["findings"]) == ("stopped", [])
     metrics = (tmp_path / "reports" / "verify.prom").read_text()
     assert 'dflash_verify_verdict{host="local",verdict="stopped"} 1.0' in metrics
-    line = next(t for t in stopped.text.splitlines() if "STOPPED:" in t)
-    hint = line.split("Start it again as recorded: ", 1)[1].split("'")[0].split('"')[0].strip()
-    assert hint == "ansible-playbook rollback.yml -e dflash_release=v1", line
+    said = re.search(r"STOPPED: .*? Start it again as recorded: (ansible-playbook \S+ -e \S+)",
+                     stopped.text)  # fmt: skip
+    assert said, stopped.text
+    hint = said.group(1)
+    assert hint == "ansible-playbook rollback.yml -e dflash_release=v1", said.group(0)
     again = run_hint(playbook, hint, **source, **LAUNCH)
     assert again.rc == 0, again.output
     assert (target_root / "current").resolve().name == "v1"
     assert alive(read_json(target_root / "trainer.json")["pid"])
+
+    # A plain deploy (the working tree) says, before any change, that it replaces v1.
+    plain = playbook("deploy.yml", _check=True, **source, **LAUNCH)
+    assert plain.rc == 0, plain.output
+    assert "(this replaces v1, which rollback.yml put back at " in plain.text
+    assert f"with the working tree of {trainer_repo})" in plain.text
+    # One reason per fact: a release that is not on the target is not also "another tree".
+    assert "holds another tree" not in plain.text
 
     # Code edited on the target: the hint rebuilds v1 from its tag, not the working tree.
     edited = target_root / "current" / "dflash" / "train.py"
@@ -56,10 +73,60 @@ def test_after_a_rollback_every_hint_keeps_the_rolled_back_release(
     assert "# hot fix" not in edited.read_text()
     assert (target_root / "current").resolve().name == "v1"
 
-    # A plain deploy (the working tree) says, before any change, that it replaces v1.
-    plain = playbook("deploy.yml", _check=True, **source, **LAUNCH)
-    assert plain.rc == 0, plain.output
-    assert "(this replaces v1, which rollback.yml put back at " in plain.text
-    assert f"with the working tree of {trainer_repo})" in plain.text
-    # One reason per fact: a release that is not on the target is not also "another tree".
-    assert "holds another tree" not in plain.text
+
+def history_lines(root) -> list[dict]:
+    return [json.loads(line) for line in (root / "history.jsonl").read_text().splitlines()]
+
+
+def test_repairs_write_history_and_check_mode_names_the_same_reasons(
+    deploy, playbook, target_root, tmp_path
+):
+    """Hand drift repaired by a plain redeploy of the same release: --check first, then the
+    real run. Both give the same reasons, the launch does in the real run what --check said
+    it would, and each repair has its history line saying what it repaired."""
+    assert deploy("v1").rc == 0
+    pid = read_json(target_root / "trainer.json")["pid"]
+
+    # run.sh edited by hand: rendered again; the trainer started from the recorded run.sh runs on.
+    run_sh = target_root / "run.sh"
+    run_sh.write_text(
+        run_sh.read_text().replace("set -euo pipefail", "set -euo pipefail\nexport BY_HAND=1", 1)
+    )
+    before = len(history_lines(target_root))
+    check = deploy("v1", _check=True)
+    assert check.rc == 0, check.output
+    real = deploy("v1")
+    assert real.rc == 0, real.output
+    [line] = history_lines(target_root)[before:]
+    assert line["repaired"] == ["run.sh on the target differs from the one this deploy renders"]
+    for reason in line["why"]:
+        assert reason in check.text, (reason, check.text)
+    # What the launch does, the same in --check as in the real run.
+    kept = f"already running (pid {pid}), not restarted"
+    assert kept in real.text and kept in check.text, check.text
+    said = [line for line in check.output.splitlines()
+            if "would" in line and "start" in line and not line.startswith("TASK [")]  # fmt: skip
+    assert not said, said
+    assert read_json(target_root / "trainer.json")["pid"] == pid
+
+    # A package installed into the env by hand: the env is rebuilt, a line says so.
+    build_wheel(tmp_path, "dflashtest-probe", "9.9")
+    pip = env_pip(target_root)
+    subprocess.run([*pip, "install", "-q", "--no-index", "--no-deps", "--find-links",
+                    str(tmp_path), "dflashtest-probe==9.9"], check=True,
+                   env=dict(os.environ, PIP_CONFIG_FILE=os.devnull))  # fmt: skip
+    drift = playbook("verify.yml", **LAUNCH)
+    [env] = [f for f in drift.report["hosts"]["local"]["findings"] if f["kind"] == "environment"]
+    assert env["expected"] == "dflashtest-probe (not in the lock)", env
+    assert env["found"] == "dflashtest-probe==9.9", env
+    before = len(history_lines(target_root))
+    check = deploy("v1", _check=True)
+    real = deploy("v1")
+    assert real.rc == 0, real.output
+    [line] = history_lines(target_root)[before:]
+    assert any("has drifted from its lock" in why for why in line["repaired"]), line
+    for reason in line["why"]:
+        assert reason in check.text, (reason, check.text)
+    listed = playbook("history.yml")
+    assert "repaired: run.sh on the target differs" in listed.text
+    assert "has drifted from its lock" in listed.text
