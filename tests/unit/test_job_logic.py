@@ -84,3 +84,13 @@ def test_the_job_verdict_ok_broken_and_a_host_switched_alone():
     }
     short = dict(good, a=host_report("v1", "running", {**live, "world_size": 2}))
     assert verdict(short, facts)["verdict"] == "broken"
+
+
+def test_a_job_stop_yml_stopped_on_every_host_is_stopped_not_broken():
+    facts = {"a": facts_of("v1", "j1-x"), "b": facts_of("v1", "j1-x")}
+    stopped = {h: dict(host_report("v1", None, None), verdict="stopped") for h in facts}
+    found = verdict(stopped, facts)
+    assert (found["verdict"], found["findings"]) == ("stopped", [])
+    # One host stopped on purpose while the other is gone: the job is broken, not stopped.
+    half = dict(stopped, b=host_report("v1", None, None))
+    assert verdict(half, facts)["verdict"] == "broken"
