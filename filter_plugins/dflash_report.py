@@ -351,8 +351,10 @@ def _diff_block(side: dict, rows: dict[int, dict], anchor: str, heading: str) ->
                    f"{len(restarts.get('to') or [])}</code></li>")  # fmt: skip
     out.append("</ul>")
     for path, text in sorted(files.get("text", {}).items()):
-        out.append(f'<details id="{_anchor(anchor, path)}"><summary>diff of {_e(path)}'
-                   f"</summary><pre>{_e(text)}</pre></details>")  # fmt: skip
+        # The id on the text, inside the closed <details>: a browser opens it when a link
+        # leads there (scroll to fragment), with no script on the page.
+        out.append(f"<details><summary>diff of {_e(path)}</summary>"
+                   f'<pre id="{_anchor(anchor, path)}">{_e(text)}</pre></details>')  # fmt: skip
     if side.get("run_sh_text"):
         out.append(f"<details><summary>diff of run.sh</summary><pre>{_e(side['run_sh_text'])}"
                    "</pre></details>")  # fmt: skip

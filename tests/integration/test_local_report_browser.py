@@ -1,7 +1,7 @@
 """A report page as Chromium shows it, without deploying (the page of a real local run is
 test_local_report.py's): it loads without console errors, its figure holds one point per
-deployment the page's data records, the drop's change list is visible, and a screenshot is
-kept (DFLASH_TEST_ARTIFACTS, else the test's folder)."""
+deployment the page's data records, the drop's change list is visible and its file opens its
+diff, and a screenshot is kept (DFLASH_TEST_ARTIFACTS, else the test's folder)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,13 @@ def test_a_report_page_reads_in_a_browser(tmp_path):
         )
         assert shown and "dflash/model.py" in shown
         assert "torch 2.11.0+cu128 -> 2.11.0+cu130" in shown
+        # The changed file links to its diff, which opens where the link leads.
+        opened = browser.run(
+            "document.querySelector('#drop-2 ul.changes a').click();"
+            "const text = document.getElementById('drop-2-previous-dflash-model-py');"
+            "return text.closest('details').open ? text.innerText : null"
+        )
+        assert opened and "+LAYERS = 6" in opened
         artifacts = Path(os.environ.get("DFLASH_TEST_ARTIFACTS") or tmp_path)
         artifacts.mkdir(parents=True, exist_ok=True)
         shot = browser.screenshot(artifacts / "report-browser.png")
