@@ -11,7 +11,7 @@ import io
 import json
 import re
 import sys
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -58,12 +58,20 @@ def _time(value: Any) -> float | None:
 
 
 def report_model(
-    data: dict | None, host: str, min_ratio: float = 0.8, verify: dict | None = None
+    data: dict | None,
+    host: str,
+    min_ratio: float = 0.8,
+    verify: dict | None = None,
+    verify_time: float | None = None,
 ) -> dict:
     """A host's report as data (reports/report.json): the dflash_report module's answer with
     the drops verify's band keeps (each with its `band`), the verify verdict of the host
-    (verify.json), the current deployment and its goodput; `error` when the host gave none."""
+    (verify.json, written at `verify_time`, a unix time), the current deployment and its
+    goodput; `error` when the host gave none."""
     host_verify = ((verify or {}).get("hosts") or {}).get(host)
+    if host_verify and verify_time is not None:
+        judged = datetime.fromtimestamp(verify_time, UTC).isoformat(timespec="seconds")
+        host_verify = dict(host_verify, written=judged)
     if not data or data.get("failed") or "deployments" not in data:
         why = (data or {}).get("msg") or "the host did not answer (unreachable or failed)"
         return {"host": host, "error": why, "deployments": [], "drops": [], "damaged": [],
@@ -91,10 +99,16 @@ def report_model(
 
 
 def report_models(
-    results: dict[str, dict | None], min_ratio: float = 0.8, verify: dict | None = None
+    results: dict[str, dict | None],
+    min_ratio: float = 0.8,
+    verify: dict | None = None,
+    verify_time: float | None = None,
 ) -> dict[str, dict]:
     """{host: its report_model} of every host of the play (None: it did not answer)."""
-    return {host: report_model(data, host, min_ratio, verify) for host, data in results.items()}
+    return {
+        host: report_model(data, host, min_ratio, verify, verify_time)
+        for host, data in results.items()
+    }
 
 
 def report_jobs(models: dict[str, dict], jobs: dict[str, str | None]) -> dict[str, dict]:
@@ -397,8 +411,9 @@ def _verify(model: dict) -> list[str]:
         return [*out, "<p class='muted'>No verify.yml report of this host (reports/verify.json): "
                 "run <code>ansible-playbook verify.yml</code> first.</p>"]  # fmt: skip
     verdict = found.get("verdict") or "-"
+    when = f", judged {_e(found['written'])}" if found.get("written") else ""
     out.append(f"<p>Verdict of the last verify.yml: <span class='verdict {_e(verdict)}'>"
-               f"{_e(verdict)}</span> (release {_e(found.get('release'))})</p>")  # fmt: skip
+               f"{_e(verdict)}</span> (release {_e(found.get('release'))}{when})</p>")  # fmt: skip
     findings = found.get("findings") or []
     if findings:
         out.append("<table><tr><th>kind</th><th>expected</th><th>found</th><th>hint</th></tr>")

@@ -153,6 +153,11 @@ def test_verify_verdict_goodput_and_stages_are_on_the_page():
     assert "outside the timed stages" in page and "drafter_backward" in page
     row = re.search(r"<tr data-number='4'>(.*?)</tr>", page)[1]
     assert "<td>warm</td>" in row and "<td>1</td>" in row
+    data = report_data(HISTORY, MANIFESTS, lambda r, p: None, runs, 0.8)
+    data.update(current="v4", damaged=[])
+    dated = report.report_model(data, "gpu-ct-1", 0.8, verify, verify_time=1796400000)
+    assert dated["verify"]["written"] == "2026-12-04T16:00:00+00:00"
+    assert "(release v4, judged 2026-12-04T16:00:00+00:00)" in report.report_html(dated)
 
 
 def test_a_job_page_shows_every_host_and_links_their_pages():
