@@ -48,7 +48,7 @@ def _number(value: Any) -> float | None:
 
 def _time(value: Any) -> float | None:
     """An ISO time as matplotlib's date number (annotations in axes coordinates take no
-    datetime), None when it is none."""
+    datetime); None for a missing or unreadable time (the line is then only in the table)."""
     from matplotlib.dates import date2num
 
     try:
@@ -74,8 +74,9 @@ def report_model(
         host_verify = dict(host_verify, written=judged)
     if not data or data.get("failed") or "deployments" not in data:
         why = (data or {}).get("msg") or "the host did not answer (unreachable or failed)"
-        return {"host": host, "error": why, "deployments": [], "drops": [], "damaged": [],
-                "current": None, "verify": host_verify, "goodput": None}  # fmt: skip
+        return {"host": host, "error": why, "current": None, "current_number": None,
+                "goodput": None, "deployments": [], "drops": [], "damaged": [],
+                "verify": host_verify, "min_ratio": min_ratio}  # fmt: skip
     rows = data["deployments"]
     band = _verify_filters().band
     drops = []
@@ -272,7 +273,7 @@ color:#222}
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:12px}td,th{padding:2px 8px;border-bottom:1px solid #eee;
 text-align:left;vertical-align:top}
-.num{text-align:right}.bad{color:#b00}.ok{color:#070}.muted{color:#777}
+.num{text-align:right}.bad{color:#b00}.muted{color:#777}
 .verdict{display:inline-block;padding:1px 8px;border-radius:4px;color:#fff;background:#777}
 .verdict.ok{background:#2a7}.verdict.drift,.verdict.broken,.verdict.unreachable{background:#c33}
 svg{max-width:100%;height:auto}pre{background:#f6f6f6;padding:6px;overflow-x:auto;font-size:12px}
@@ -503,13 +504,10 @@ def report_html(model: dict) -> str:
     return _page(f"dflash report {host}", body, model)
 
 
-def _file_name(host: str) -> str:
-    return _anchor(host) or "host"
-
-
 def report_file(name: str, job: bool = False) -> str:
-    """The page's file name under the reports folder: report-<host>.html, report-job-<job>.html."""
-    return f"report-{'job-' if job else ''}{_file_name(name)}.html"
+    """The page's file name under the reports folder: report-<host>.html, report-job-<job>.html
+    (a name's characters other than letters, digits, _ and - as -)."""
+    return f"report-{'job-' if job else ''}{_anchor(name) or 'host'}.html"
 
 
 def job_report_html(models: dict[str, dict], job: str, verify: dict | None = None) -> str:
