@@ -30,9 +30,10 @@ description:
     retry, then each time it has lasted twice as long, at most every O(progress_interval)
     seconds. A task polled by Ansible itself (C(async) with C(poll) above 0; the compile cache
     warm-up) prints the same line instead of C(ASYNC POLL), and no C(ASYNC OK) line.
-  - When O(display_ok_hosts) is off, an C(ok) result is still shown when it says something, a
-    C(debug) message or a warning (the default hides those warnings with the result);
-    C(included) lines are hidden with the other C(ok) results.
+  - O(display_ok_hosts) and O(display_skipped_hosts) are off by default (a no-op deploy fits
+    on a screen), and an C(ok) result that says something, a C(debug) message or a warning, is
+    shown all the same (the default hides those warnings with the result); C(included) lines
+    are hidden with the other C(ok) results.
   - "A failed task is printed once, as C(fatal: [host]: <its message>), then where the task is
     (C(file:line)) and the C(stderr) it left, if any. The default prints a failure twice, an
     error summary with a source excerpt and then the whole result. With
@@ -42,6 +43,31 @@ extends_documentation_fragment:
   - default_callback
   - result_format_callback
 options:
+  # The default callback's two options, with this callback's defaults and its own ini section:
+  # ansible.cfg's [defaults] leaves them alone, so another stdout callback a user or
+  # ansible-runner sets prints as it always does.
+  display_ok_hosts:
+    name: Show 'ok' hosts
+    description:
+      - Show the C(ok) results that say nothing (those that do always show).
+    type: bool
+    default: false
+    env:
+      - name: ANSIBLE_DISPLAY_OK_HOSTS
+    ini:
+      - key: display_ok_hosts
+        section: dflash_callback
+  display_skipped_hosts:
+    name: Show skipped hosts
+    description:
+      - Show skipped tasks.
+    type: bool
+    default: false
+    env:
+      - name: ANSIBLE_DISPLAY_SKIPPED_HOSTS
+    ini:
+      - key: display_skipped_hosts
+        section: dflash_callback
   progress_interval:
     description:
       - Seconds between two progress lines of one waiting task; the first comes at its first

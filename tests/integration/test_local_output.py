@@ -14,7 +14,7 @@ from tests.integration.conftest import TRAINER_ARGS, add_release
 _CFG = configparser.ConfigParser()
 _CFG.read(REPO / "ansible.cfg")
 AS_CONFIGURED = {
-    f"ANSIBLE_{key.upper()}": _CFG["defaults"][key]
+    f"ANSIBLE_{key.upper()}": _CFG["dflash_callback"][key]
     for key in ("display_ok_hosts", "display_skipped_hosts")
 }
 # A no-op deploy measured 12 lines (PLAY, "Nothing to change on local", PLAY RECAP).
