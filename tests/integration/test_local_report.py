@@ -25,7 +25,10 @@ def test_a_local_run_with_a_drop_reads_in_a_browser(deploy, trainer_repo, playbo
     out = tmp_path / "reports"
     runs = [deploy("v1", dflash_trainer_args=ARGS)]
     add_release(trainer_repo, "v2", "dflash/__init__.py", "# v2: a slower release\n")
-    runs.append(deploy("v2", dflash_trainer_args={**ARGS, "sleep_per_step": 0.5}))
+    # 8 s more a step: at most 64 tokens/s (512 a step on the CPU), under half of v1's unless
+    # v1's own steps took over 4 s (on a loaded 2-core machine they took 2.2 s), so a drop
+    # whatever the band.
+    runs.append(deploy("v2", dflash_trainer_args={**ARGS, "sleep_per_step": 8.0}))
     add_release(trainer_repo, "v3", "dflash/__init__.py", "# v3: fast again\n")
     runs.append(deploy("v3", dflash_trainer_args=ARGS))
     assert all(run.rc == 0 for run in runs), [run.output for run in runs]
@@ -42,7 +45,7 @@ def test_a_local_run_with_a_drop_reads_in_a_browser(deploy, trainer_repo, playbo
     side = model["drops"][0]["previous"]
     assert "dflash/__init__.py" in side["files"]["changed"]
     changes = {(c["section"], c["name"]): c["to"] for c in side["changes"]}
-    assert changes[("run_sh", "trainer_args.sleep_per_step")] == 0.5
+    assert changes[("run_sh", "trainer_args.sleep_per_step")] == 8.0
     assert all(row["series"] for row in model["deployments"][:2]), "each run's steps"
     assert model["verify"]["verdict"] in ("ok", "drift")
 
