@@ -81,21 +81,10 @@ from ansible.module_utils.dflash_state import (
     current_release,
     read_history_checked,
     read_json,
-    release_dir,
+    release_file_reader,
     release_manifests,
     run_path,
 )
-
-
-def reader(root: str):
-    def read(release: str, path: str) -> bytes | None:
-        try:
-            with open(os.path.join(release_dir(root, release), path), "rb") as handle:
-                return handle.read()
-        except OSError:
-            return None
-
-    return read
 
 
 def damage_warnings(root: str, damaged: list[dict]) -> list[str]:
@@ -125,7 +114,9 @@ def run(params: dict) -> dict:
     if params["diff_from"] or params["diff_to"]:
         old = select(history, current, params["diff_from"] or "previous")
         new = select(history, current, params["diff_to"] or "current")
-        result["diff"] = compare(history, old, new, release_manifests(root), reader(root))
+        result["diff"] = compare(
+            history, old, new, release_manifests(root), release_file_reader(root)
+        )
     return result
 
 

@@ -75,7 +75,6 @@ damaged:
   returned: always
 """
 
-import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_report import report_data, step_series
@@ -86,21 +85,10 @@ from ansible.module_utils.dflash_state import (
     current_release,
     read_history_checked,
     read_json,
-    release_dir,
+    release_file_reader,
     release_manifests,
     run_path,
 )
-
-
-def read_release_file(root: str):
-    def read(release: str, path: str) -> bytes | None:
-        try:
-            with open(os.path.join(release_dir(root, release), path), "rb") as handle:
-                return handle.read()
-        except OSError:
-            return None
-
-    return read
 
 
 def run_folder(root: str, run_id: str, points: int) -> dict:
@@ -134,7 +122,11 @@ def main() -> None:
         if isinstance(run_id, str) and run_id
     }
     data = report_data(
-        history, release_manifests(root), read_release_file(root), runs, module.params["min_ratio"]
+        history,
+        release_manifests(root),
+        release_file_reader(root),
+        runs,
+        module.params["min_ratio"],
     )
     current, _link = current_release(root)
     module.exit_json(changed=False, current=current, damaged=damaged, **data)

@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import shutil
+from collections.abc import Callable
 
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     from ansible.module_utils.dflash_lines import GOOD_RESULTS
@@ -56,6 +57,20 @@ def release_dir(root: str, release: str) -> str:
             "use a tag name such as v1.4.0 or a release id that history.yml lists"
         )
     return os.path.join(root, RELEASES, release)
+
+
+def release_file_reader(root: str) -> Callable[[str, str], bytes | None]:
+    """read(release, path): a file of a release on this target, None when it is not there
+    (what history's diffs compare)."""
+
+    def read(release: str, path: str) -> bytes | None:
+        try:
+            with open(os.path.join(release_dir(root, release), path), "rb") as handle:
+                return handle.read()
+        except OSError:
+            return None
+
+    return read
 
 
 def read_json(path: str) -> dict | None:
