@@ -12,7 +12,7 @@ description:
     tokens/s, controller)."
   - Idempotent. No line is written when history already says this is what is deployed (the
     same trainer run, or the same release, tree, run.sh and env as the newest deployment
-    line), unless this run repaired something (I(launch_recorded)); the launch writes the line
+    line), unless this run repaired something (I(steps_changed)); the launch writes the line
     of a healthy trainer itself, so a run killed after the launch loses nothing.
   - Then removes releases beyond the I(keep) most recent healthy deployments, never the current
     release, the previous healthy deployment (the default rollback target) nor any in
@@ -58,11 +58,16 @@ options:
     elements: str
     default: []
   launch_recorded:
+    description: Whether this run's launch already wrote the line (a healthy trainer it started).
+    type: bool
+    default: false
+  steps_changed:
     description:
-      - Whether this run's launch already wrote the line (a healthy trainer it started). When
-        not, and I(record) has a non-empty C(why) (what the run's steps changed), a deployment
-        that history already has gets a line anyway, with C(repaired) set to that list - a
-        repair (run.sh rendered again, an env rebuilt) is a change and has its line.
+      - Whether this run's steps changed the target (a release unpacked, an env built, run.sh
+        rendered, current switched, a cache prepared or warmed). When they did and the launch
+        wrote no line, a deployment that history already has gets a line anyway, with
+        C(repaired) set to the run's C(why) (in I(record)) - a repair (run.sh rendered again,
+        an env rebuilt) is a change and has its line.
     type: bool
     default: false
 attributes:
@@ -172,7 +177,7 @@ def run(module: AnsibleModule) -> dict:
         result=params["result"], previous=params["previous"], run_sh_text=params["run_sh_text"],
     )  # fmt: skip
     # A run whose steps changed the target, and whose launch wrote no line: a repair.
-    repairs = not params["launch_recorded"]
+    repairs = params["steps_changed"] and not params["launch_recorded"]
     if module.check_mode:
         # What the target shows now (run.sh as it is): whether history would get a line.
         fresh = line_for(read_history(root), entry, repairs) is not None
@@ -214,6 +219,7 @@ def main() -> None:
             "keep": {"type": "int", "default": 5},
             "protect": {"type": "list", "elements": "str", "default": []},
             "launch_recorded": {"type": "bool", "default": False},
+            "steps_changed": {"type": "bool", "default": False},
             "token": {"type": "str", "no_log": False},
         },
         supports_check_mode=True,
