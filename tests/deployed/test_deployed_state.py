@@ -302,7 +302,7 @@ def test_compile_cache_is_this_builds(state: Target) -> None:
 
 
 def test_trainer_throughput_within_ratio(state: Target) -> None:
-    # What verify.yml judges: a full window of steps against the health check and the
+    # What verify.yml judges: the last 3 windows of steps against the health check and the
     # fastest comparable deployment; what it cannot judge (too early, no figure) skips.
     view = VERIFY.throughput_view(state.facts, state.min_throughput_ratio, state.heartbeat_max_age)
     if not view["judged"]:

@@ -41,13 +41,13 @@ def test_suite_passes_on_a_clean_deploy_and_names_each_drift(
     run = deploy("v1", dflash_trainer_args=dict(TRAINER_ARGS, throughput_window=5))
     assert run.rc == 0, run.output
     inventory = local_inventory(tmp_path / "inventory.yml", target_root)
-    # The throughput test judges (verify's default ratio, 0.8) once a window is measured,
+    # The throughput test judges (verify's default ratio, 0.8) once 3 windows are measured,
     # against a reference the test sets: measured tokens/s on a shared machine is noise. 1
     # tokens/s is below anything a loaded machine leaves this trainer.
     record_tokens_per_s(target_root, "v1", 1.0)
-    deadline = time.monotonic() + 120
-    while (status_of(target_root).get("throughput_window") or {}).get("steps") != 5:
-        assert time.monotonic() < deadline, f"no full window: {status_of(target_root)}"
+    deadline = time.monotonic() + 180
+    while len(status_of(target_root).get("throughput_windows") or []) < 3:
+        assert time.monotonic() < deadline, f"no 3 full windows: {status_of(target_root)}"
         time.sleep(0.5)
 
     clean = run_suite(inventory, tmp_path / "clean.xml")
