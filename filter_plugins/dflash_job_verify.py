@@ -49,13 +49,6 @@ def _judge_job(name: str, members: list[str], report: dict, hostvars: Any) -> di
             "live": job,
             "state": (result.get("trainer") or {}).get("state"),
         }
-    if len(hosts) == len(members) and all(v["verdict"] == "stopped" for v in hosts.values()):
-        # stop.yml stopped the whole job on purpose: its own verdict, not a broken job.
-        releases = sorted({str(v["release"]) for v in hosts.values()})
-        return {"verdict": "stopped", "hosts": members, "release": releases[0],
-                "rdzv_id": None, "world_size": None, "findings": [],
-                "nodes": {h: {k: v[k] for k in ("release", "state", "live")}
-                          for h, v in hosts.items()}}  # fmt: skip
     # What the job's deployment was: the one most of its hosts recorded last.
     deployed_ids = {h: v["deployed"].get("rdzv_id") for h, v in hosts.items()}
     expected = _most_common(list(deployed_ids.values()))
@@ -98,8 +91,12 @@ def _judge_job(name: str, members: list[str], report: dict, hostvars: Any) -> di
                 "see the host's own findings",
             ))  # fmt: skip
     broken = any(f["kind"] in BROKEN for f in findings)
+    # stop.yml stopped the whole job on purpose: its own verdict, not a broken job.
+    stopped = len(hosts) == len(members) and all(v["verdict"] == "stopped" for v in hosts.values())
+    if stopped:
+        findings = []
     return {
-        "verdict": "broken" if broken else "drift" if findings else "ok",
+        "verdict": "stopped" if stopped else "broken" if broken else "drift" if findings else "ok",
         "hosts": members,
         "release": release,
         "rdzv_id": expected,
