@@ -186,6 +186,7 @@ def throughput_view(facts: dict, min_ratio: float = 0.8, heartbeat_max_age: floa
         "health_check": refs.get("health_check"),
         "fastest": refs.get("fastest"),
         "ratios": {},
+        "bands": {},  # the share of each reference a window must reach (band)
         "stages": None,
         "slowest_stage": None,
         "min_ratio": min_ratio,
@@ -213,7 +214,7 @@ def throughput_view(facts: dict, min_ratio: float = 0.8, heartbeat_max_age: floa
         then = (view[key] or {}).get("tokens_per_s")
         if isinstance(judged, (int, float)) and then:
             view["ratios"][key] = round(judged / then, 3)
-            view.setdefault("bands", {})[key] = band(min_ratio, view[key])
+            view["bands"][key] = band(min_ratio, view[key])
     age = leader.get("heartbeat_age_s")
     if age is not None and age > heartbeat_max_age:
         return dict(view, note=f"status.json is {age:g} s old (heartbeat_stale): not judged")
@@ -239,7 +240,7 @@ def throughput_findings(
     """`throughput` when the running trainer's tokens/s is under `min_ratio` of its health
     check or of the fastest healthy deployment of the same layout and shape."""
     view = throughput_view(facts, min_ratio, heartbeat_max_age)
-    ratios, bands = view["ratios"], view.get("bands") or {}
+    ratios, bands = view["ratios"], view["bands"]
     if not view["judged"] or all(ratio >= bands[key] for key, ratio in ratios.items()):
         return []
     check, fastest = view["health_check"], view["fastest"]
