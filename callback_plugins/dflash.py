@@ -38,7 +38,8 @@ description:
     (C(file:line)) and the C(stderr) it left, if any. The default prints a failure twice, an
     error summary with a source excerpt and then the whole result. With
     C(ANSIBLE_DISPLAY_TRACEBACK=error) the summary, with its traceback, is shown too."
-  - With C(-vv) or more, retries and failures are printed as the default prints them.
+  - With C(-vv) or more, retries and failures are printed as the default prints them, and every
+    C(ok) result is shown (with C(-vvv), the module arguments it ran with).
 extends_documentation_fragment:
   - default_callback
   - result_format_callback
@@ -209,15 +210,19 @@ class CallbackModule(DefaultCallback):
                 self._started.get(key, time.monotonic()), float(limit) if limit else None
             )  # fmt: skip
         says = result.task.action in C._ACTION_DEBUG or bool(raw.get("warnings"))
-        if isinstance(result.task, TaskInclude) and not self.get_option("display_ok_hosts"):
+        if isinstance(result.task, TaskInclude) and not self._ok_shown():
             return
-        with self._option("display_ok_hosts", self.get_option("display_ok_hosts") or says):
+        with self._option("display_ok_hosts", self._ok_shown() or says):
             super().v2_runner_on_ok(result)
 
     def v2_runner_item_on_ok(self, result: CallbackTaskResult) -> None:
         says = result.task.action in C._ACTION_DEBUG or bool(result.result.get("warnings"))
-        with self._option("display_ok_hosts", self.get_option("display_ok_hosts") or says):
+        with self._option("display_ok_hosts", self._ok_shown() or says):
             super().v2_runner_item_on_ok(result)
+
+    def _ok_shown(self) -> bool:
+        """Every ok result shows when asked for, or with -vv and more (a user debugging)."""
+        return bool(self.get_option("display_ok_hosts")) or self._display.verbosity >= 2
 
     def v2_playbook_on_include(self, included_file: Any) -> None:
         if self.get_option("display_ok_hosts") or self._display.verbosity:

@@ -43,7 +43,7 @@ def test_after_a_rollback_every_hint_keeps_the_rolled_back_release(
     assert (host["verdict"], host["findings"]) == ("stopped", [])
     metrics = (tmp_path / "reports" / "verify.prom").read_text()
     assert 'dflash_verify_verdict{host="local",verdict="stopped"} 1.0' in metrics
-    said = re.search(r"STOPPED: .*? Start it again as recorded: (ansible-playbook \S+ -e \S+)",
+    said = re.search(r"STOPPED: .*? Start it again as recorded: (ansible-playbook \S+ -e [^\s']+)",
                      stopped.text)  # fmt: skip
     assert said, stopped.text
     hint = said.group(1)

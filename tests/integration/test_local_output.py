@@ -23,9 +23,10 @@ WAIT = "Wait for the trainer's health check - 5 training steps of release v"
 
 
 def test_the_screen_shows_progress_and_a_no_op_fits(deploy, trainer_repo):
-    # At least 2 s a step: the health wait lasts 10 s or more, so it is polled (every 5 s) while
-    # the trainer runs.
-    args = dict(TRAINER_ARGS, sleep_per_step=2.0)
+    # 5 s a step: the trainer steps for 25 s or more, however long it takes to start on a loaded
+    # machine; progress lines come at doubling intervals (3, 6, 12, 24, 48 s), so one of them
+    # falls while it steps.
+    args = dict(TRAINER_ARGS, sleep_per_step=5.0)
     first = deploy("v1", dflash_trainer_args=args, _env=AS_CONFIGURED)
     assert first.rc == 0, first.output
     assert "FAILED - RETRYING" not in first.output, first.output

@@ -113,8 +113,11 @@ def test_a_throttled_trainer_in_a_container_is_named_and_gpu_does_not_apply(
         wait(lambda s: (s.get("throughput_window") or {}).get("steps") == 5, "full window")
         throttle = int(sh(f"setsid python3 -c {shlex.quote(SCRIPT)} {pgid} 0.97 "
                           ">/dev/null 2>&1 </dev/null & echo $!"))  # fmt: skip
-        limit = 0.8 * health_check / 4
-        wait(lambda s: s["tokens_per_s"] <= limit, f"tokens/s <= {limit:.1f}")
+        # What verify judges: the fastest of the last 3 windows, each under a quarter of the
+        # lowest band (0.5, however noisy the health check's steps were).
+        limit = 0.5 * health_check / 4
+        wait(lambda s: len(last := (s.get("throughput_windows") or [])[-3:]) == 3
+             and max(last) <= limit, f"3 windows <= {limit:.1f} tokens/s", timeout=360)  # fmt: skip
         audit = pct_playbook(
             "verify.yml", dflash_hosts=host, dflash_verify_min_throughput_ratio=0.8
         )
@@ -126,12 +129,14 @@ def test_a_throttled_trainer_in_a_container_is_named_and_gpu_does_not_apply(
     result = audit.report["hosts"][host]
     [item] = result["findings"]
     assert item["kind"] == "throughput" and item["pid"] == pgid
-    assert f">= 0.8 x {health_check:.0f} tokens/s (health check of #1 v1" in item["expected"]
+    band = result["throughput"]["bands"]["health_check"]
+    assert 0.5 <= band <= 0.8
+    assert f">= {band:g} x {health_check:.0f} tokens/s (health check of #1 v1" in item["expected"]
     assert "(fastest of this layout and shape: this deployment)" in item["expected"]
-    assert item["tokens_per_s"] < 0.8 * health_check / 2
+    assert item["tokens_per_s"] <= limit
     assert "diff.yml -e dflash_diff_from=fastest" in item["hint"]
     assert result["checks"]["gpu"] == "not applicable: no nvidia-smi on the target (a CPU target)"
-    assert "check gpu: not applicable: no nvidia-smi" in audit.output
+    assert "check gpu: not applicable: no nvidia-smi" in audit.text
     metrics = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families((tmp_path / "verify.prom").read_text())
