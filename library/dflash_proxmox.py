@@ -26,6 +26,13 @@ description:
     mount point, a storage without snapshots) and the fix; with O(snapshot) set that is an
     error, as is a snapshot name longer than Proxmox's 40 characters or a token that may not
     take snapshots.
+  - A container locked by another operation (C(lock) in its status; a backup, a snapshot, a
+    migration) is refused, naming the lock, what holds it and how to release it when nothing
+    does any more (C(pct unlock)). A VMID that is not on O(node) but on another node of the
+    cluster (C(/cluster/resources)) is named as migrated, with the node it is on now.
+  - An HA-managed container's start only queues a request (a C(hastart) task ends before the
+    container runs); the module then waits, bounded by O(start_timeout), until it runs, and
+    fails early with the HA stack's own start error if that start fails.
   - All problems are reported together, before anything is changed.
   - Reports C(changed) only when it started the container. In check mode it says it would.
 attributes:
@@ -166,6 +173,12 @@ from ansible.module_utils.dflash_proxmox import (
     wait_task,
 )
 from ansible.module_utils.dflash_proxmox import connect as api_connect
+from ansible.module_utils.dflash_proxmox_cluster import (
+    lock_problem,
+    migrated_problem,
+    wait_running,
+    where_is,
+)
 from ansible.module_utils.dflash_proxmox_config import (
     char_majors,
     gpu_problems,
@@ -228,6 +241,9 @@ def find_container(api: Any, params: dict[str, Any]) -> None:
         raise ProxmoxError(f"listing the containers of node {node} failed: {exc}") from exc
     seen = sorted(int(c["vmid"]) for c in containers)
     if vmid not in seen:
+        now_on = where_is(api, vmid, token)
+        if now_on and now_on != node:
+            raise ProxmoxError(migrated_problem(vmid, node, now_on))
         raise ProxmoxError(
             f"container {vmid} is not among the containers that token {token} sees on node "
             f"{node} ({', '.join(map(str, seen)) or 'none'}): it does not exist there, or the "
@@ -253,9 +269,8 @@ def check(api: Any, params: dict[str, Any], result: dict[str, Any]) -> list[str]
     node, vmid, token = params["node"], params["vmid"], token_name(params)
     ct = api.nodes(node).lxc(vmid)
     config = call(f"reading the config of container {vmid}", ct.config.get, current=1, token=token)
-    status = call(f"reading the status of container {vmid}", ct.status.current.get, token=token)[
-        "status"
-    ]
+    current = call(f"reading the status of container {vmid}", ct.status.current.get, token=token)
+    status = current["status"]
     pending = call(f"reading the pending changes of container {vmid}", ct.pending.get, token=token)
     changes = [item for item in pending if "pending" in item or item.get("delete")]
     later = {item["key"]: item["pending"] for item in changes if "pending" in item}
@@ -278,6 +293,9 @@ def check(api: Any, params: dict[str, Any], result: dict[str, Any]) -> list[str]
     majors = char_majors(params["proc_devices"]) if params["proc_devices"] is not None else None
     problems = gpu_problems(config, later, vmid, params["gpus"], majors)
     problems += mount_problems(config, later, vmid, params["mounts"])
+    locked = lock_problem(vmid, node, current.get("lock"))
+    if locked:
+        problems.append(locked)
     needed = []
     if params["snapshot"] is not None:
         if not possible:
@@ -317,8 +335,11 @@ def start(api: Any, params: dict[str, Any], result: dict[str, Any]) -> None:
                 f"the entry (pct set {vmid} -delete devN)"
             ) from exc
         raise
-    result["status"] = "running"
     note = "" if ended == "OK" else f"; its task ended with {ended}"
+    if ":hastart:" in str(upid):  # HA-managed: the task only queued the request
+        waited = wait_running(api, node, vmid, params["start_timeout"], token)
+        note += f"; HA-managed: the HA stack started it {waited:.0f} s after the request"
+    result["status"] = "running"
     result["actions"].append(f"started container {vmid} (it was stopped{note})")
 
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from . import registry
-from .node import lxcctl, tasks
-from .node.nodecfg import ENV_VAR, NodeConfig
+from .node import ha, lxcctl, tasks
+from .node.nodecfg import ENV_VAR, NodeConfig, fault
 from .node.ops import Node
 from .node.pveconf import ConfigStore, CtConfig, Section, parse
 from .node.storage import DEFAULT_STORAGE_CFG
@@ -332,9 +332,16 @@ class Testbed:
     def delay_tasks(self, kind: str, seconds: float) -> None:
         """Fault injection: workers of tasks of this type (vzstart, vzsnapshot, ...) wait this
         long before they start; 0 ends the delay."""
+        delays = dict(fault(self.node_cfg, "task_delay", {}))  # type: ignore[call-overload]
+        self.set_fault("task_delay", {**delays, kind: seconds})
+
+    def set_fault(self, key: str, value: object) -> None:
+        """A setting the doubles read (nodecfg.fault): `task_delay`, `ha_start_delay` (s from
+        an HA start request to the start), `snapshot_seconds` (how long a snapshot's volumes
+        take, the container frozen meanwhile)."""
         path = self.root / "faults.json"
         faults = json.loads(path.read_text()) if path.exists() else {}
-        faults.setdefault("task_delay", {})[kind] = seconds
+        faults[key] = value
         path.write_text(json.dumps(faults))
 
     def task_results(self, kind: str, vmid: int | None = None) -> list[tuple[str, str]]:
@@ -436,6 +443,14 @@ class Testbed:
             Node(self.node_cfg).apply_pending(vmid)
             lxcctl.start(self.node_cfg, vmid, self.store)
 
+    def ha_manage(self, vmid: int) -> None:
+        """`ha-manager add ct:<vmid>`: its starts go through the HA stack (node/ha.py)."""
+        ha.manage(self.node_cfg, vmid)
+
+    def migrate(self, vmid: int, target: str) -> None:
+        """`pct migrate <vmid> <target> --restart` (node/ops.py `migrate`)."""
+        Node(self.node_cfg).migrate(vmid, target)
+
     def delete_container(self, vmid: int) -> None:
         """Stop it and remove its config and file system, as `pct destroy` would."""
         self.stop_container(vmid)
@@ -488,10 +503,16 @@ class Testbed:
 
     def reset(self) -> None:
         """Every container of the bed back to its default config (no snapshots, nothing pending)
-        and running; API tokens other than the bed's own and task delays removed."""
+        and running, on this node and not HA-managed; API tokens other than the bed's own and
+        fault settings removed."""
         self.tokens = {API_TOKEN: self.tokens[API_TOKEN]}
         self.write_access()
         (self.root / "faults.json").unlink(missing_ok=True)
+        for name in ("resources.cfg", "manager_status"):
+            (self.node_cfg.etc_pve / "ha" / name).unlink(missing_ok=True)
+        for folder in (self.node_cfg.etc_pve / "nodes").iterdir():
+            if folder.name != self.node:  # a node a container was migrated to
+                shutil.rmtree(folder)
         for vmid in self.vmids:
             self.restore_container(vmid, start=True)
 

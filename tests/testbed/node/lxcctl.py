@@ -201,7 +201,9 @@ def info(node: NodeConfig, vmid: int) -> tuple[str, int | None]:
         return "stopped", None
     done = _run(["lxc-info", "-n", str(vmid), "-P", str(node.lxcpath), "-s", "-p"])
     fields = dict(line.split(":", 1) for line in done.stdout.splitlines() if ":" in line)
-    if done.returncode != 0 or fields.get("State", "").strip() != "RUNNING":
+    # A frozen container (a snapshot in progress) runs, for Proxmox: its init lives.
+    state = fields.get("State", "").strip()
+    if done.returncode != 0 or state not in ("RUNNING", "FREEZING", "FROZEN"):
         return "stopped", None
     pid = fields.get("PID", "").strip()
     return "running", int(pid) if pid.isdigit() else None
@@ -244,6 +246,20 @@ def stop(node: NodeConfig, vmid: int, timeout_s: int | None = None) -> None:
     done = _run(args, timeout=(timeout_s or 10) + 20)
     if done.returncode != 0 and info(node, vmid)[0] == "running":
         raise LxcError(done.stderr.strip() or f"lxc-stop failed for CT {vmid}")
+
+
+def freeze(node: NodeConfig, vmid: int) -> None:
+    """LXC.pm `freeze`: every process of the container stopped by its freezer cgroup."""
+    done = _run(["lxc-freeze", "-n", str(vmid), "-P", str(node.lxcpath)])
+    if done.returncode != 0:
+        raise LxcError(done.stderr.strip() or f"unable to freeze CT {vmid}")
+
+
+def thaw(node: NodeConfig, vmid: int) -> None:
+    """LXC.pm `thaw`."""
+    done = _run(["lxc-unfreeze", "-n", str(vmid), "-P", str(node.lxcpath)])
+    if done.returncode != 0:
+        raise LxcError(done.stderr.strip() or f"unable to thaw CT {vmid}")
 
 
 # The new mount API (Linux 5.2+; mount_setattr 5.12+): one syscall number on every architecture.

@@ -88,3 +88,12 @@ class NodeConfig:
         if not path:
             raise RuntimeError(f"{ENV_VAR} is not set: this double runs only inside the test bed")
         return cls(**json.loads(Path(path).read_text()))
+
+
+def fault(cfg: NodeConfig, key: str, default: object) -> object:
+    """A fault-injection setting of the bed (faults.json, written by Testbed), or `default`."""
+    path = Path(cfg.root) / "faults.json"
+    try:
+        return json.loads(path.read_text()).get(key, default)
+    except FileNotFoundError:
+        return default

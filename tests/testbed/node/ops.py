@@ -15,8 +15,8 @@ import re
 import time
 from dataclasses import dataclass
 
-from . import lxcctl
-from .nodecfg import NodeConfig
+from . import ha, lxcctl
+from .nodecfg import NodeConfig, fault
 from .pveconf import ConfigMissing, ConfigStore, CtConfig, parse_property_string
 from .storage import parse_storage_cfg, snapshot_capable
 from .tasks import TaskLog
@@ -114,7 +114,7 @@ class Node:
             "cpus": int(conf.options.get("cores", "1")),
             "uptime": self._uptime(vmid) if state == "running" else 0,
             "template": 0,
-            "ha": {"managed": 0},
+            "ha": ha.status(self.cfg, vmid),
         }
         if pid:
             data["pid"] = pid
@@ -132,6 +132,42 @@ class Node:
 
     def list(self) -> list[dict[str, object]]:
         return [self.status(vmid) for vmid in self.store.vmids()]
+
+    def cluster_nodes(self) -> list[str]:
+        """The cluster's members: each has its folder under /etc/pve/nodes (pmxcfs)."""
+        return sorted(p.name for p in (self.cfg.etc_pve / "nodes").iterdir() if p.is_dir())
+
+    def elsewhere(self) -> list[dict[str, object]]:
+        """Containers whose config is under another node's folder (one migrated there), as
+        /cluster/resources lists them. The bed runs no second node: such a container is shown
+        as running there, as after an online or restart migration."""
+        found = []
+        for name in self.cluster_nodes():
+            if name == self.cfg.node:
+                continue
+            store = ConfigStore(self.cfg.etc_pve, name)
+            for vmid in store.vmids():
+                options = store.load(vmid).current.options
+                found.append({
+                    "vmid": vmid, "node": name, "status": "running", "type": "lxc",
+                    "name": options.get("hostname", f"CT{vmid}"),
+                    "maxmem": int(options.get("memory", "512")) * 1024 * 1024,
+                    "cpus": int(options.get("cores", "1")),
+                })  # fmt: skip
+        return found
+
+    def migrate(self, vmid: int, target: str) -> None:
+        """LXC/Migrate.pm, a restart migration as the bed can do it: the container stopped
+        here (`phase1`) and its config moved into the target node's folder (`phase3`:
+        `rename($conffile, $newconffile)`), which makes the target its owner."""
+        if target == self.cfg.node:
+            raise PveError("target is local node.")
+        self.load(vmid)
+        if self.running(vmid):
+            lxcctl.stop(self.cfg, vmid, None)
+        folder = self.cfg.etc_pve / "nodes" / target / "lxc"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.store.path(vmid).rename(folder / f"{vmid}.conf")
 
     def running(self, vmid: int) -> bool:
         return lxcctl.info(self.cfg, vmid)[0] == "running"
@@ -260,15 +296,37 @@ class Node:
 
     # --- tasks: power ----------------------------------------------------------------------
     def start(self, vmid: int) -> Task:
-        """API2/LXC/Status.pm `vm_start`."""
+        """API2/LXC/Status.pm `vm_start`: an HA-managed container gets a `hastart` task (ha.py)."""
         self.load(vmid)
         if self.running(vmid):
             raise PveError(f"CT {vmid} already running")
+        if ha.status(self.cfg, vmid)["managed"]:
+            return Task("hastart", str(vmid), "do_hastart", (vmid,))
         return Task("vzstart", str(vmid), "do_start", (vmid,))
 
+    def do_hastart(self, log: TaskLog, vmid: int) -> None:
+        """vm_start's `$hacmd`: the request is queued and the task ends OK; the LRM starts the
+        container later (ha.py)."""
+        log.print(f"Requesting HA start for CT {vmid}")
+        ha.set_state(self.cfg, vmid, "started")
+        ha.set_service_state(self.cfg, vmid, "request_start")
+        ha.request_start(self.cfg, vmid)
+
     def do_start(self, log: TaskLog, vmid: int) -> None:
+        """vm_start's `$realcmd`: AbstractConfig.pm `check_lock` (a `mounted` lock excepted),
+        then LXC.pm `vm_start`, which applies the pending changes first."""
+        lock = self.load(vmid).current.options.get("lock")
+        if lock and lock != "mounted":
+            raise PveError(f"CT is locked ({lock})")
         self.apply_pending(vmid)
         lxcctl.start(self.cfg, vmid, self.store, log)
+
+    def unlock(self, vmid: int) -> None:
+        """CLI/pct.pm `unlock`: the `lock` property removed, under the config lock."""
+        with self.store.locked(vmid):
+            conf = self.load(vmid)
+            conf.current.options.pop("lock", None)
+            self.store.write(vmid, conf)
 
     def stop(self, vmid: int, timeout_s: int | None = None) -> Task:
         """API2/LXC/Status.pm `vm_stop` / `vm_shutdown`."""
@@ -315,7 +373,11 @@ class Node:
         return Task("vzsnapshot", str(vmid), "do_snapshot", (vmid, name, description))
 
     def do_snapshot(self, log: TaskLog, vmid: int, name: str, description: str) -> None:
-        """AbstractConfig.pm `snapshot_create` -> `__snapshot_prepare`, `__snapshot_commit`."""
+        """AbstractConfig.pm `snapshot_create`: `__snapshot_prepare` (check_lock, then
+        `lock: snapshot` and the new section with `snapstate: prepare` written), a running
+        container frozen while its volumes are snapshotted (LXC/Config.pm `__snapshot_freeze`:
+        PVE::LXC::freeze, then thaw; the volumes take `snapshot_seconds` of faults.json here),
+        then `__snapshot_commit` (snapstate and lock removed, `parent` set)."""
         with self.store.locked(vmid):
             conf = self.load(vmid)
             if "lock" in conf.current.options:
@@ -326,8 +388,25 @@ class Node:
                 raise PveError("snapshot feature is not available")
             snap = conf.current.copy()
             snap.options["snaptime"] = str(int(time.time()))
+            snap.options["snapstate"] = "prepare"
             snap.description = description
             conf.snapshots[name] = snap
+            conf.current.options["lock"] = "snapshot"
+            self.store.write(vmid, conf)
+        frozen = self.running(vmid)
+        if frozen:
+            lxcctl.freeze(self.cfg, vmid)
+        try:
+            time.sleep(float(fault(self.cfg, "snapshot_seconds", 0)))  # type: ignore[arg-type]
+        finally:
+            if frozen:
+                lxcctl.thaw(self.cfg, vmid)
+        with self.store.locked(vmid):
+            conf = self.load(vmid)
+            if conf.current.options.get("lock") != "snapshot":
+                raise PveError("missing snapshot lock")
+            conf.snapshots[name].options.pop("snapstate", None)
+            conf.current.options.pop("lock")
             conf.current.options["parent"] = name
             self.store.write(vmid, conf)
 

@@ -3,10 +3,10 @@
 Forms: `pct exec VMID [--keep-env 0|1] [--] CMD...`, `pct status VMID [--verbose 1]`,
 `pct start|stop|shutdown VMID`, `pct config VMID [--snapshot NAME] [--current 1]`, `pct list`,
 `pct snapshot VMID NAME [--description TEXT]`, `pct delsnapshot VMID NAME`,
-`pct listsnapshot VMID` (pve-container src/PVE/CLI/pct.pm). Output formats, error texts and exit
-codes follow Proxmox's (an unknown VMID: "Configuration file 'nodes/<node>/lxc/<vmid>.conf' does
-not exist", exit 2). Tasks run in the foreground, as the CLI's do. Every invocation is appended
-to the node's trace file.
+`pct listsnapshot VMID`, `pct unlock VMID` (pve-container src/PVE/CLI/pct.pm). Output formats,
+error texts and exit codes follow Proxmox's (an unknown VMID: "Configuration file
+'nodes/<node>/lxc/<vmid>.conf' does not exist", exit 2). Tasks run in the foreground, as the
+CLI's do. Every invocation is appended to the node's trace file.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 # pct.pm `clean_environment` drops these; the others are the double's own (the shim's).
 NOT_PASSED = {"SSL_CERT_FILE", "SSL_CERT_DIR", ENV_VAR, "PYTHONPATH"}
 COMMANDS = ("config", "delsnapshot", "exec", "list", "listsnapshot", "shutdown", "snapshot",
-            "start", "status", "stop")  # fmt: skip
+            "start", "status", "stop", "unlock")  # fmt: skip
 USAGE = {
     "exec": "pct exec <vmid> [<extra-args>] [OPTIONS]",
     "status": "pct status <vmid> [OPTIONS]",
@@ -36,6 +36,7 @@ USAGE = {
     "snapshot": "pct snapshot <vmid> <snapname> [OPTIONS]",
     "delsnapshot": "pct delsnapshot <vmid> <snapname> [OPTIONS]",
     "listsnapshot": "pct listsnapshot <vmid>",
+    "unlock": "pct unlock <vmid>",
 }
 
 
@@ -163,6 +164,9 @@ def run(argv: list[str]) -> int:
             else:
                 task = node.delete_snapshot(vmid, positional[1])
             return _run_task(node, task)
+        if cmd == "unlock":
+            node.unlock(vmid)
+            return 0
         if cmd == "listsnapshot":
             _print_snapshot_tree(node.snapshots(vmid))
             return 0

@@ -127,8 +127,8 @@ def _version(req: Request) -> object:
 
 @route("get", "/nodes")
 def _nodes(req: Request) -> object:
-    name = req.node.cfg.node
-    return [{"node": name, "status": "online", "type": "node", "id": f"node/{name}"}]
+    return [{"node": name, "status": "online", "type": "node", "id": f"node/{name}"}
+            for name in req.node.cluster_nodes()]  # fmt: skip
 
 
 def _visible(req: Request) -> list[dict[str, object]]:
@@ -141,10 +141,9 @@ def _resources(req: Request) -> object:
     kind = req.opt("type")
     if kind not in (None, "vm"):
         return []
-    return [
-        {**c, "id": f"lxc/{c['vmid']}", "node": req.node.cfg.node, "maxdisk": 8 << 30}
-        for c in _visible(req)
-    ]
+    here = [{**c, "node": req.node.cfg.node} for c in _visible(req)]
+    there = [c for c in req.node.elsewhere() if not req.denied(f"/vms/{c['vmid']}", ["VM.Audit"])]
+    return [{**c, "id": f"lxc/{c['vmid']}", "maxdisk": 8 << 30} for c in here + there]
 
 
 @route("get", "/pools")

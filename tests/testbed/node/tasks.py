@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .nodecfg import ENV_VAR, NodeConfig
+from .nodecfg import ENV_VAR, NodeConfig, fault
 
 UPID_RE = re.compile(
     r"^UPID:([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?):([0-9A-Fa-f]{8}):([0-9A-Fa-f]{8,9}):"
@@ -134,11 +134,6 @@ class TaskLog:
         return final
 
 
-def _faults(node: NodeConfig) -> dict[str, object]:
-    path = Path(node.root) / "faults.json"
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
 def run(
     node: NodeConfig,
     kind: str,
@@ -156,7 +151,7 @@ def run(
     if announce is not None:
         announce(upid)
     # Fault injection (bed.delay_tasks): the worker takes this long before it starts.
-    time.sleep(float(_faults(node).get("task_delay", {}).get(kind, 0)))  # type: ignore[attr-defined]
+    time.sleep(float(fault(node, "task_delay", {}).get(kind, 0)))  # type: ignore[attr-defined]
     error = None
     try:
         work(log)

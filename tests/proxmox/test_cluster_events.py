@@ -1,0 +1,147 @@
+"""What a Proxmox VE 8 cluster does to a container between two deploys, provoked for real on the
+bed (node/ops.py, node/ha.py) and answered by library/dflash_proxmox.py and
+dflash_proxmox_snapshot.py: a lock held by another operation, a snapshot that locks and
+freezes the container, an HA-managed start that returns before the container runs, and a
+migration to another node. Every refusal comes before any change (no POST/PUT/DELETE)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.testbed.bed import Testbed
+
+from .test_dflash_proxmox import changes, run
+
+pytestmark = pytest.mark.testbed
+
+
+def lxc_state(bed: Testbed, vmid: int) -> str:
+    done = subprocess.run(["lxc-info", "-n", str(vmid), "-P", str(bed.node_cfg.lxcpath), "-s"],
+                          capture_output=True, text=True, check=True, timeout=30)  # fmt: skip
+    return done.stdout.split(":", 1)[1].strip()
+
+
+def test_a_locked_container_is_refused_with_what_holds_it_and_pct_unlock(
+    bed: Testbed, tmp_path: Path
+) -> None:
+    vmid = bed.vmids[0]
+    bed.edit_config(vmid, values={"lock": "backup"})  # what vzdump leaves while it runs
+    mark = bed.trace_mark()
+    refused = run(bed, tmp_path, {}, vmids=[vmid])[bed.hostname(vmid)]
+    assert refused["failed"] is True
+    assert f"container {vmid} is locked (backup): a backup (vzdump) of it runs." in refused["msg"]
+    assert f"release it on node {bed.node}: pct unlock {vmid}" in refused["msg"]
+    assert changes(bed, mark) == []
+
+    # The node refuses a start of the locked container with Proxmox's words.
+    bed.stop_container(vmid)
+    code, _, err = bed.ssh_run(["pct", "start", str(vmid)])
+    assert code == 255 and "CT is locked (backup)" in err and bed.status(vmid) == "stopped"
+    # The fix the message gives, run as written: the check then starts it.
+    assert bed.ssh_run(["pct", "unlock", str(vmid)])[0] == 0
+    started = run(bed, tmp_path, {"start_if_stopped": True}, vmids=[vmid])[bed.hostname(vmid)]
+    assert not started.get("failed"), started
+    assert bed.status(vmid) == "running"
+
+
+def test_a_snapshot_locks_and_freezes_the_container_and_the_module_says_so(
+    bed: Testbed, tmp_path: Path
+) -> None:
+    vmid = bed.vmids[0]
+    bed.edit_config(vmid, delete=["mp0"])  # a container Proxmox can snapshot
+    bed.set_fault("snapshot_seconds", 4)
+    # A snapshot someone else takes (pct snapshot on the node) while the deploy checks.
+    with ThreadPoolExecutor(1) as pool:
+        other = pool.submit(bed.ssh_run, ["pct", "snapshot", str(vmid), "by-hand"])
+        deadline = time.monotonic() + 30
+        # Locked, then frozen (__snapshot_freeze: the processes stand still).
+        while lxc_state(bed, vmid) != "FROZEN":
+            assert time.monotonic() < deadline, lxc_state(bed, vmid)
+            time.sleep(0.1)
+        assert bed.read_config(vmid).current.options.get("lock") == "snapshot"
+        mark = bed.trace_mark()
+        refused = run(bed, tmp_path, {}, vmids=[vmid])[bed.hostname(vmid)]
+        assert refused["failed"] is True and changes(bed, mark) == []
+        assert "is locked (snapshot): a snapshot of it is being taken." in refused["msg"]
+        assert other.result(timeout=60)[0] == 0
+    assert lxc_state(bed, vmid) == "RUNNING"
+    conf = bed.read_config(vmid)
+    assert "lock" not in conf.current.options and conf.current.options["parent"] == "by-hand"
+    assert "snapstate" not in conf.snapshots["by-hand"].options
+
+    # The deploy's own snapshot of the running container: it says the trainer paused.
+    result = run(bed, tmp_path, {"retain": 2}, "dflash_proxmox_snapshot", vmids=[vmid])
+    taken = result[bed.hostname(vmid)]
+    assert not taken.get("failed"), taken
+    assert taken["snapshot"]["froze_running"] is True and taken["snapshot"]["seconds"] >= 4
+    [said] = taken["actions"]
+    assert re.fullmatch(
+        r"took snapshot dflash-predeploy-\d{14} in [\d.]+ s; the container ran: Proxmox froze "
+        r"its processes, the trainer's among them, for part of those [\d.]+ s \(.*\)",
+        said,
+    ), said
+
+
+def test_an_ha_managed_start_is_waited_for_until_the_container_runs(
+    bed: Testbed, tmp_path: Path
+) -> None:
+    vmid = bed.vmids[0]
+    bed.ha_manage(vmid)
+    bed.stop_container(vmid)
+    bed.set_fault("ha_start_delay", 3)
+    earlier = {kind: len(bed.task_results(kind, vmid)) for kind in ("hastart", "vzstart")}
+    result = run(bed, tmp_path, {"start_if_stopped": True, "start_timeout": 60}, vmids=[vmid])
+    started = result[bed.hostname(vmid)]
+    assert not started.get("failed"), started
+    assert bed.status(vmid) == "running"  # the module returned once it ran, not before
+    [said] = started["actions"]
+    assert re.fullmatch(
+        rf"started container {vmid} \(it was stopped; HA-managed: the HA stack started it "
+        r"\d+ s after the request\)",
+        said,
+    ), said
+    # Proxmox's two tasks: the request (hastart, OK at once), then the LRM's vzstart.
+    for kind in ("hastart", "vzstart"):
+        assert [status for _, status in bed.task_results(kind, vmid)[earlier[kind] :]] == ["OK"]
+
+    # A start the HA stack gives up on is named with its own error, before the timeout.
+    bed.stop_container(vmid)
+    with_device = {"dev0": "/dev/nvidia7"}  # a device this node lacks: the start fails
+    conf = bed.read_config(vmid)
+    conf.current.options.update(with_device)
+    bed.write_config(vmid, conf)
+    began = time.monotonic()
+    result = run(bed, tmp_path, {"start_if_stopped": True, "start_timeout": 120}, vmids=[vmid])
+    failed = result[bed.hostname(vmid)]
+    assert failed["failed"] is True
+    # The token cannot read root@pam's (the LRM's) task without Sys.Audit on the node, as on
+    # Proxmox (Tasks.pm): the HA state `error` tells it.
+    assert failed["msg"].startswith(
+        f"container {vmid} is HA-managed: its start was requested, and the HA stack's start "
+        f"failed on node {bed.node}: HA state error"
+    ), failed["msg"]
+    assert time.monotonic() - began < 100
+
+
+def test_a_migrated_container_is_named_with_the_node_it_is_on_now(
+    bed: Testbed, tmp_path: Path
+) -> None:
+    vmid = bed.vmids[0]
+    bed.migrate(vmid, "pve2")
+    # On the old node, pct says what Proxmox says.
+    code, _, err = bed.ssh_run(["pct", "exec", str(vmid), "--", "true"])
+    assert code == 2, err
+    assert f"Configuration file 'nodes/{bed.node}/lxc/{vmid}.conf' does not exist" in err
+    mark = bed.trace_mark()
+    refused = run(bed, tmp_path, {}, vmids=[vmid])[bed.hostname(vmid)]
+    assert refused["failed"] is True and changes(bed, mark) == []
+    assert refused["msg"].startswith(
+        f"container {vmid} is on node pve2 now, not on {bed.node} (it was migrated there): set "
+        "proxmox_node: pve2 for its host in the inventory"
+    ), refused["msg"]
