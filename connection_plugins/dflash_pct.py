@@ -469,12 +469,33 @@ class Connection(PctRemoteConnection):
         err = b"".join(stderr)
         if b"pct: not found" in err:
             raise AnsibleError(f"pct not found in the PATH of the node {to_text(addr)}")
+        self._explain_pct_refusal(rc, err)
         if send_error and rc == 0:
             raise AnsibleConnectionFailure(
                 f"{len(in_data or b'')} bytes for the input of {cmd!r} on {addr} were not all "
                 f"sent: {send_error[0]}"
             )
         return rc, stdout, err
+
+    def _explain_pct_refusal(self, rc: int, err: bytes) -> None:
+        """`pct exec` refused before the command ran (CLI/pct.pm `exec`): the container's
+        config is not on this node (migrated, or removed), or it does not run. Said as the
+        host being unreachable, with where to look, instead of a module failure."""
+        vmid, addr = self.get_option("vmid"), to_text(self.get_option("remote_addr"))
+        text = to_text(err).strip()
+        if rc == 2 and f"lxc/{vmid}.conf' does not exist" in text:
+            raise AnsibleConnectionFailure(
+                f"container {vmid} is not on the Proxmox node at {addr} ({text}): it was "
+                "migrated to another node, or removed. `pvesh get /cluster/resources --type vm` "
+                "on any node of the cluster says where it is; set proxmox_node and ansible_host "
+                "to that node"
+            )
+        if rc != 0 and f"container '{vmid}' not running!" in text:
+            raise AnsibleConnectionFailure(
+                f"container {vmid} on the Proxmox node at {addr} does not run ({text}): start "
+                f"it (pct start {vmid}), or let the deploy start it "
+                "(dflash_proxmox_start_if_stopped: true)"
+            )
 
     def put_file(self, in_path: str, out_path: str) -> None:
         """Copy a local file into the container: `cat > PATH` with the file on stdin."""

@@ -5,11 +5,17 @@
 from __future__ import annotations
 
 import re
+import ssl
 import time
 import traceback
 from typing import Any
 
 from ansible.module_utils.basic import env_fallback
+
+try:
+    from cryptography import x509
+except ImportError:  # only the certificate advice reads it (ansible-core requires it)
+    x509 = None
 
 try:
     from proxmoxer import ProxmoxAPI, ResourceException
@@ -88,18 +94,50 @@ def connect(params: dict[str, Any]) -> Any:
         text = str(exc)
         if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
             raise ProxmoxError(
-                f"the certificate of the Proxmox API at {where} is not trusted ({exc}); set "
-                "proxmox_api_ca_file to the CA that signed it: for the certificate Proxmox "
-                "made itself (pve-ssl.pem), a copy of the cluster's /etc/pve/pve-root-ca.pem; "
-                "for a custom or ACME one (/etc/pve/nodes/<node>/pveproxy-ssl.pem), the CA "
-                "that issued it (its chain, or the system's CA bundle); where the network is "
-                "trusted, proxmox_api_validate_certs: false"
+                f"the certificate of the Proxmox API at {where} is not trusted ({exc}); "
+                + certificate_advice(params["api_host"], params["api_port"])
             ) from exc
         raise ProxmoxError(
             f"cannot reach the Proxmox API at {where} ({exc or type(exc).__name__}); check "
             "api_host/api_port and that the node is up"
         ) from exc
     return api
+
+
+def certificate_advice(host: str, port: int) -> str:
+    """The certificate the node serves (read without checking it) and the CA file that would
+    validate it: Proxmox's own cluster CA, the certificate itself when self-signed, or the CA
+    that issued a custom or ACME one."""
+    try:
+        pem = ssl.get_server_certificate((host, port), timeout=10)
+        cert = x509.load_pem_x509_certificate(pem.encode())
+        subject, issuer = cert.subject.rfc4514_string(), cert.issuer.rfc4514_string()
+    except Exception as exc:  # cryptography missing, or the node went away meanwhile
+        return (
+            f"(the certificate it serves could not be read: {exc}) set proxmox_api_ca_file to "
+            "the CA that signed it: for Proxmox's own (pve-ssl.pem) a copy of the cluster's "
+            "/etc/pve/pve-root-ca.pem, for a custom or ACME one (pveproxy-ssl.pem) its issuer's "
+            "chain; where the network is trusted, proxmox_api_validate_certs: false"
+        )
+    served = f"it serves subject {subject}, issued by {issuer}"
+    if "PVE Cluster Manager CA" in issuer:
+        fix = (
+            "Proxmox's own node certificate (pve-ssl.pem): set proxmox_api_ca_file to a copy of "
+            "the cluster's /etc/pve/pve-root-ca.pem"
+        )
+    elif subject == issuer:
+        fix = (
+            "a self-signed certificate (a custom /etc/pve/nodes/<node>/pveproxy-ssl.pem): set "
+            "proxmox_api_ca_file to a copy of that certificate itself"
+        )
+    else:
+        fix = (
+            "a custom or ACME certificate (/etc/pve/nodes/<node>/pveproxy-ssl.pem), which "
+            f"pve-root-ca.pem does not validate: set proxmox_api_ca_file to the chain of {issuer}, "
+            "or, for a public CA (ACME: Let's Encrypt), leave proxmox_api_ca_file unset so that "
+            "the system's CA bundle is used"
+        )
+    return f"{served}: {fix}; where the network is trusted, proxmox_api_validate_certs: false"
 
 
 def call(what: str, func: Any, *args: Any, token: str = "", **kwargs: Any) -> Any:

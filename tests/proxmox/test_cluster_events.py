@@ -16,6 +16,7 @@ import pytest
 
 from tests.testbed.bed import Testbed
 
+from .ansible_run import run_playbook
 from .test_dflash_proxmox import changes, run
 
 pytestmark = pytest.mark.testbed
@@ -145,3 +146,11 @@ def test_a_migrated_container_is_named_with_the_node_it_is_on_now(
         f"container {vmid} is on node pve2 now, not on {bed.node} (it was migrated there): set "
         "proxmox_node: pve2 for its host in the inventory"
     ), refused["msg"]
+    # A task over pct in the moved container: the host is unreachable, with where to look.
+    ping = run_playbook([{"hosts": "all", "gather_facts": False,
+                          "tasks": [{"name": "ping", "ansible.builtin.ping": {}}]}],
+                        bed.inventory(vmids=[vmid]), tmp_path)  # fmt: skip
+    [result] = ping.results("ping").values()
+    assert result["unreachable"] is True, result
+    assert f"container {vmid} is not on the Proxmox node at 127.0.0.1" in result["msg"]
+    assert "it was migrated to another node, or removed" in result["msg"]

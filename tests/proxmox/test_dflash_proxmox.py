@@ -415,9 +415,14 @@ def test_unreachable_api_unknown_node_untrusted_cert_and_bad_token(
     assert untrusted["msg"].startswith(
         f"the certificate of the Proxmox API at https://127.0.0.1:{bed.api_port} is not trusted"
     )
-    assert "set proxmox_api_ca_file to the CA that signed it" in untrusted["msg"]
-    # Both kinds of node certificate are named: a custom or ACME one is not pve-root-ca's.
-    assert "pve-root-ca.pem" in untrusted["msg"] and "pveproxy-ssl.pem" in untrusted["msg"]
+    # The certificate served is named, and the fix for its kind (Proxmox's own here; the
+    # self-signed and custom-CA kinds: tests/unit/test_certificate_advice.py).
+    assert (
+        "it serves subject CN=pve,O=Proxmox Virtual Environment,OU=PVE Cluster Node, "
+        "issued by O=PVE Cluster Manager CA,CN=Proxmox Virtual Environment: Proxmox's own "
+        "node certificate (pve-ssl.pem): set proxmox_api_ca_file to a copy of the cluster's "
+        "/etc/pve/pve-root-ca.pem" in untrusted["msg"]
+    ), untrusted["msg"]
     refused = run(
         bed, tmp_path, {}, host_vars={second: {"proxmox_api_token_secret": wrong}}, vmids=[second]
     )[bed.hostname(second)]
