@@ -17,7 +17,7 @@ description:
     Snapshots of other names are never touched.
   - A task that ends with C(WARNINGS) counts as done; one that fails is an error with the tail
     of its log.
-  - Proxmox freezes a running container while it snapshots its volumes: the module says so,
+  - Proxmox freezes a running container while it snapshots its volumes. The module says so,
     with the seconds the snapshot took (the pause is part of them).
 attributes:
   check_mode:

@@ -154,3 +154,25 @@ def test_a_migrated_container_is_named_with_the_node_it_is_on_now(
     assert result["unreachable"] is True, result
     assert f"container {vmid} is not on the Proxmox node at 127.0.0.1" in result["msg"]
     assert "it was migrated to another node, or removed" in result["msg"]
+
+
+def test_a_layout_over_the_memory_limit_is_refused_before_any_change(
+    bed: Testbed, pct_playbook, trainer_repo
+) -> None:
+    vmid = bed.vmids[0]
+    host, root = bed.hostname(vmid), pct_playbook.root
+    bed.edit_config(vmid, values={"memory": "1024"})  # hotplugged on a running container
+    mark = bed.trace_mark()
+    run = pct_playbook(
+        "deploy.yml", dflash_hosts=host, dflash_source_dir=str(trainer_repo), dflash_ref="v1",
+        dflash_trainer_memory_mb=1536,
+    )  # fmt: skip
+    assert run.rc != 0
+    assert (
+        f"{host}: container {vmid} may use 1024 MB of memory (memory in its Proxmox config), and "
+        "this layout runs 1 trainer process(es) of 1536 MB each (dflash_trainer_memory_mb): "
+        f"1536 MB, which the kernel would answer by OOM-killing the trainer. Raise the limit "
+        f"(pct set {vmid} -memory 1536), or run fewer processes; nothing was changed" in run.text
+    ), run.output
+    assert changes(bed, mark) == []
+    assert bed.attach(vmid, "ls", "-A", root).stdout.split() == ["envs"]  # the seeded envs only
