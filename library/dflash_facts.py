@@ -85,6 +85,12 @@ disk:
     C(free_bytes) and C(total_bytes).
   type: dict
   returned: always
+memory:
+  description: The memory cgroup the target runs in (a container's own), C(oom_kills) (the
+    processes the kernel OOM-killed in it; null where unreadable) and C(limit_mb) (null for
+    none).
+  type: dict
+  returned: always
 recorded_trees:
   description:
     - Per release name, the C(tree_sha256), C(commit) and C(time) of its newest deploy or
@@ -243,6 +249,7 @@ from ansible.module_utils.dflash_envcheck import install_estimate
 from ansible.module_utils.dflash_gpu import probe
 from ansible.module_utils.dflash_lines import GOOD_RESULTS, records_code
 from ansible.module_utils.dflash_lockfile import read_lock
+from ansible.module_utils.dflash_memory import memory_facts
 from ansible.module_utils.dflash_procs import find_trainers
 from ansible.module_utils.dflash_release import file_drift, tree_sha256
 from ansible.module_utils.dflash_runs import trainer_record
@@ -386,6 +393,7 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
         "deploy_lock": read_lock(root),
         "root_writable": writable(root),
         "disk": free_space(root),
+        "memory": memory_facts(),
     }
     if release:
         folder = os.path.join(root, RELEASES, release)

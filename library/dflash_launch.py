@@ -205,6 +205,7 @@ from ansible.module_utils.dflash_health import (
     wait_healthy,
 )
 from ansible.module_utils.dflash_lockfile import LockError, Watchdog, fence
+from ansible.module_utils.dflash_memory import oom_kills
 from ansible.module_utils.dflash_plan import KEEP, trainer_plan
 from ansible.module_utils.dflash_procs import (
     alive,
@@ -421,6 +422,8 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
         write_trainer_record(root, {
             "pid": proc.pid, "run_id": run_id, "release": current, "tree_sha256": tree,
             "run_sh_sha256": run_sh_sha, "started_at": utc_now(),
+            # The container's OOM kills so far: verify names the ones after this start.
+            "oom_kills": oom_kills(),
         })  # fmt: skip
     except OSError as err:  # untracked, it must not run: stopped, and the failure said as it is
         stop_all([t for t in find_trainers(root) if alive(t)], params["stop_timeout"], root)

@@ -111,10 +111,36 @@ def disk_findings(facts: dict, reserve_mb: float) -> list[dict]:
     ]
 
 
+def oom_findings(facts: dict) -> list[dict]:
+    """`oom_kill`: the kernel OOM-killed processes in the target's memory cgroup (a container's
+    own) since the recorded trainer started: a trainer process, or one beside it, ran out of
+    the memory the container may use. The supervisor restarts a killed trainer; it would be
+    killed again at the same point."""
+    record = (facts.get("trainers") or {}).get("record") or {}
+    memory = facts.get("memory") or {}
+    then, now = record.get("oom_kills"), memory.get("oom_kills")
+    if not isinstance(then, int) or not isinstance(now, int) or now <= then:
+        return []
+    limit = memory.get("limit_mb")
+    return [
+        finding(
+            "oom_kill",
+            f"no process OOM-killed since the trainer started at {record.get('started_at')}",
+            f"{now - then} process(es) OOM-killed by the kernel since then (the memory limit "
+            f"is {f'{limit} MB' if limit else 'not readable'})",
+            "give the container more memory (Proxmox: pct set <vmid> -memory <MB>) or the "
+            "trainer less to hold (fewer processes, a smaller token budget); "
+            "dflash_trainer_memory_mb lets preflight check a layout against the limit",
+            pid=record.get("pid"),
+        )
+    ]
+
+
 def state_findings(facts: dict, reserve_mb: float = 0) -> list[dict]:
     return (
         history_findings(facts)
         + record_findings(facts)
         + checkpoint_findings(facts)
         + disk_findings(facts, reserve_mb)
+        + oom_findings(facts)
     )
