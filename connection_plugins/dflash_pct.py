@@ -22,10 +22,16 @@ description:
   - One SSH connection per node, user and credentials serves every connection of a process. Ansible
     forks a worker per task and host, so across tasks this saves nothing under
     C(ansible-playbook); it does inside one process that opens many connections.
+  - With O(ssh_transport=openssh), C(pct exec) goes through the OpenSSH client with a shared
+    master connection (C(ControlMaster=auto), C(ControlPersist)). Every worker and task of a
+    play, and the plays after it for O(control_persist) seconds, use one SSH connection per
+    node. It takes keys (or an agent), not passwords; with O(password) set, or a become method
+    that answers a prompt, paramiko is used.
 author: dflash-deploy
 version_added: historical
 requirements:
   - paramiko
+  - the OpenSSH client (C(ssh)), for O(ssh_transport=openssh)
   - community.proxmox (the C(proxmox_pct_remote) connection plugin)
 options:
   remote_addr:
@@ -274,6 +280,35 @@ options:
       - name: ansible_paramiko_timeout
     cli:
       - name: timeout
+  ssh_transport:
+    description:
+      - How C(pct exec) reaches the node. V(paramiko) opens a connection per Ansible worker
+        process; V(openssh) shares one master connection per node among all of them.
+    type: str
+    default: paramiko
+    choices: [paramiko, openssh]
+    env:
+      - name: DFLASH_PCT_SSH_TRANSPORT
+    vars:
+      - name: dflash_pct_ssh_transport
+  control_path_dir:
+    description:
+      - Folder of the OpenSSH master connections' sockets (O(ssh_transport=openssh)).
+    type: path
+    default: ~/.ansible/cp
+    env:
+      - name: DFLASH_PCT_CONTROL_PATH_DIR
+    vars:
+      - name: dflash_pct_control_path_dir
+  control_persist:
+    description:
+      - Seconds an idle OpenSSH master connection stays open (O(ssh_transport=openssh)).
+    type: int
+    default: 60
+    env:
+      - name: DFLASH_PCT_CONTROL_PERSIST
+    vars:
+      - name: dflash_pct_control_persist
   lock_file_timeout:
     description:
       - Seconds to wait for the lock on the known hosts file when writing new host keys.
@@ -309,8 +344,12 @@ all:
 """
 
 import atexit
+import fcntl
 import hashlib
 import os
+import re
+import subprocess
+import tempfile
 import threading
 from collections.abc import Callable
 
@@ -330,6 +369,12 @@ except ImportError:  # the parent plugin's _connect names what is missing
 display = Display()
 
 CHUNK = 32768
+# What the OpenSSH client itself prints when it could not run the command (exit 255).
+SSH_FAILURE = re.compile(
+    rb"^(ssh: |Permission denied|Host key verification failed|kex_exchange_identification|"
+    rb"Connection (closed|reset|timed out)|ControlSocket|mux_client)",
+    re.MULTILINE,
+)
 # Open SSH clients of this process. The pid is part of the key: a forked child must never use
 # its parent's transport (its thread did not survive the fork, and the ciphers' counters would
 # split between two processes).
@@ -375,8 +420,20 @@ class Connection(PctRemoteConnection):
             self.get_option("use_rsa_sha2_algorithms"),
         )
 
+    def _openssh(self) -> bool:
+        """Whether this connection goes through the OpenSSH client (see ssh_transport)."""
+        if self.get_option("ssh_transport") != "openssh":
+            return False
+        if self.get_option("password"):
+            display.warning("dflash_pct: ssh_transport=openssh takes no password; using paramiko")
+            return False
+        return not (self.become and self.become.expect_prompt())
+
     def _connect(self) -> Connection:
         if self._connected:
+            return self
+        if self._openssh():  # the ssh client connects (or shares the master) on every command
+            self._connected = True
             return self
         key = self._client_key()
         client = _CLIENTS.get(key)
@@ -397,6 +454,9 @@ class Connection(PctRemoteConnection):
         connection; then the parent records them in known_hosts and closes it."""
         if not self._connected:
             return
+        if self._openssh():  # the master connection outlives the task (ControlPersist)
+            self._connected = False
+            return
         if (
             self.get_option("host_key_checking")
             and self.get_option("record_host_keys")
@@ -410,6 +470,11 @@ class Connection(PctRemoteConnection):
     def reset(self) -> None:
         """meta: reset_connection opens a new SSH connection, not the cached one."""
         if not self._connected:
+            return
+        if self._openssh():  # the master exits; the next command opens a new one
+            argv = self._ssh_argv(False)
+            subprocess.run([*argv[:-2], "-O", "exit", argv[-2]], capture_output=True,
+                           timeout=30, check=False)  # fmt: skip
             return
         _CLIENTS.pop(self._client_key(), None)
         super().close()
@@ -425,8 +490,83 @@ class Connection(PctRemoteConnection):
         pty = bool(self.get_option("pty") and sudoable and in_data is None)
         return self._run(self._build_pct_command(cmd), in_data, pty)
 
+    def _control_path(self) -> str:
+        """The master connection's socket: one per node, port, user and key (short: a socket
+        path has at most 107 bytes)."""
+        folder = os.path.expanduser(self.get_option("control_path_dir"))
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        who = [
+            self.get_option(k) for k in ("remote_addr", "port", "remote_user", "private_key_file")
+        ]
+        return os.path.join(folder, hashlib.sha256(repr(who).encode()).hexdigest()[:20])
+
+    def _ssh_argv(self, pty: bool, cmd: str = "", master: str = "auto") -> list[str]:
+        """The OpenSSH client's command line: the node's shared master connection, never a
+        question (BatchMode)."""
+        argv = [
+            "ssh", "-o", f"ControlMaster={master}", "-o", f"ControlPath={self._control_path()}",
+            "-o", f"ControlPersist={self.get_option('control_persist')}s",
+            "-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.get_option('timeout')}",
+            "-o", "ServerAliveInterval=5", "-p", str(self.get_option("port") or 22),
+        ]  # fmt: skip
+        if self.get_option("remote_user"):
+            argv += ["-l", self.get_option("remote_user")]
+        if self.get_option("private_key_file"):
+            argv += ["-i", os.path.expanduser(self.get_option("private_key_file"))]
+        if not self.get_option("host_key_checking"):
+            argv += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+        elif self.get_option("host_key_auto_add"):
+            argv += ["-o", "StrictHostKeyChecking=accept-new"]
+        if self.get_option("proxy_command"):  # %h, %p and %r mean the same to ssh
+            argv += ["-o", f"ProxyCommand={self.get_option('proxy_command')}"]
+        if self.get_option("forward_agent"):
+            argv.append("-A")
+        return [*argv, "-tt" if pty else "-T", str(self.get_option("remote_addr")), cmd]
+
+    def _ensure_master(self) -> None:
+        """Open the node's master connection once, under a lock: workers that start at the
+        same moment would each open their own (ControlMaster=auto gives up sharing when two
+        race for the socket). A master that died is replaced by the next command (auto)."""
+        path = self._control_path()
+        if os.path.exists(path):
+            return
+        with open(path + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if os.path.exists(path):
+                return
+            # -f: in the background once logged in, its output to /dev/null (a pipe would
+            # stay open for as long as the master lives).
+            argv = self._ssh_argv(False, master="yes")[:-1]
+            with tempfile.TemporaryFile() as errors:
+                subprocess.run([*argv[:-1], "-N", "-f", argv[-1]], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=errors, check=False,
+                               timeout=self.get_option("timeout") + 30)  # fmt: skip
+
+    def _run_openssh(self, cmd: str, in_data: bytes | None, pty: bool) -> tuple[int, bytes, bytes]:
+        addr = self.get_option("remote_addr")
+        display.vvv(f"EXEC (openssh) {cmd}{' (with input)' if in_data else ''}", host=addr)
+        try:
+            self._ensure_master()
+            done = subprocess.run(
+                self._ssh_argv(pty, cmd), input=in_data,
+                stdin=subprocess.DEVNULL if in_data is None else None, capture_output=True,
+                check=False,
+            )  # fmt: skip
+        except OSError as err:
+            raise AnsibleConnectionFailure(f"cannot run the OpenSSH client: {err}") from err
+        # 255 is ssh's own failure, and pct's too (`die`): ssh's say so on stderr.
+        if done.returncode == 255 and SSH_FAILURE.search(done.stderr):
+            raise AnsibleConnectionFailure(
+                f"cannot reach the Proxmox node {addr} over SSH: {to_text(done.stderr).strip()}"
+            )
+        return done.returncode, done.stdout, done.stderr
+
     def _run(self, cmd: str, in_data: bytes | None, pty: bool) -> tuple[int, bytes, bytes]:
         ConnectionBase.exec_command(self, cmd, in_data=in_data)  # connects when needed
+        if self._openssh():
+            rc, stdout, err = self._run_openssh(cmd, in_data, pty)
+            self._check_pct(rc, err)
+            return rc, stdout, err
         addr = self.get_option("remote_addr")
         try:
             transport = self.ssh.get_transport()
@@ -467,9 +607,7 @@ class Connection(PctRemoteConnection):
         rc = chan.recv_exit_status()
         chan.close()
         err = b"".join(stderr)
-        if b"pct: not found" in err:
-            raise AnsibleError(f"pct not found in the PATH of the node {to_text(addr)}")
-        self._explain_pct_refusal(rc, err)
+        self._check_pct(rc, err)
         if send_error and rc == 0:
             raise AnsibleConnectionFailure(
                 f"{len(in_data or b'')} bytes for the input of {cmd!r} on {addr} were not all "
@@ -477,11 +615,14 @@ class Connection(PctRemoteConnection):
             )
         return rc, stdout, err
 
-    def _explain_pct_refusal(self, rc: int, err: bytes) -> None:
-        """`pct exec` refused before the command ran (CLI/pct.pm `exec`): the container's
-        config is not on this node (migrated, or removed), or it does not run. Said as the
-        host being unreachable, with where to look, instead of a module failure."""
+    def _check_pct(self, rc: int, err: bytes) -> None:
+        """`pct` missing on the node, or `pct exec` refused before the command ran
+        (CLI/pct.pm `exec`): the container's config is not on this node (migrated, or
+        removed), or it does not run. Said as the host being unreachable, with where to look,
+        instead of a module failure."""
         vmid, addr = self.get_option("vmid"), to_text(self.get_option("remote_addr"))
+        if b"pct: not found" in err:
+            raise AnsibleError(f"pct not found in the PATH of the node {addr}")
         text = to_text(err).strip()
         if rc == 2 and f"lxc/{vmid}.conf' does not exist" in text:
             raise AnsibleConnectionFailure(

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import random
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -139,3 +142,55 @@ def test_one_ssh_client_serves_every_connection_of_a_process(bed: Testbed) -> No
     second.reset()
     assert second.ssh is not shared and not shared.get_transport()
     second.close()
+
+
+def test_openssh_transport_shares_one_connection_per_node(bed: Testbed, tmp_path: Path) -> None:
+    """ssh_transport=openssh: every task of a play on every container, each in its own Ansible
+    worker process, runs over one SSH connection to the node (its ControlMaster); what goes on
+    stdin still arrives intact, a module task is still one pct exec, and put/fetch round-trip."""
+    (tmp_path / "library").mkdir()
+    (tmp_path / "library" / "stdin_probe.py").write_text(PROBE)
+    blob = "".join(random.Random(7).choices("abcdefghijklmnopqrstuvwxyz", k=1 << 20))
+    data = bytes(range(256)) * 1024
+    (tmp_path / "blob.bin").write_bytes(data)
+    control = Path(tempfile.mkdtemp(prefix="cp", dir="/tmp"))  # a socket path is short
+    openssh = {"dflash_pct_ssh_transport": "openssh", "dflash_pct_control_path_dir": str(control),
+               "dflash_pct_control_persist": 10}  # fmt: skip
+    play = probe_play(blob)
+    play[0]["tasks"] += [
+        {"name": "put", "ansible.builtin.copy": {"src": str(tmp_path / "blob.bin"),
+                                                 "dest": "/tmp/blob.bin", "mode": "0644"}},
+        {"name": "fetch", "ansible.builtin.fetch": {
+            "src": "/tmp/blob.bin", "dest": f"{tmp_path}/got-{{{{ inventory_hostname }}}}",
+            "flat": True}},
+    ]  # fmt: skip
+    inventory = bed.inventory(tmp_path / "inventory.yml", group_vars=openssh)
+    mark = bed.trace_mark()
+    try:
+        run = run_playbook(play, inventory, tmp_path)
+    finally:
+        for socket_file in control.iterdir():  # the master exits now, not in 10 s
+            subprocess.run(["ssh", "-o", f"ControlPath={socket_file}", "-O", "exit", "x"],
+                           capture_output=True, timeout=30, check=False)  # fmt: skip
+        shutil.rmtree(control, ignore_errors=True)
+    assert run.rc == 0, (run.output, run.stderr[-3000:])
+    for vmid in bed.vmids:
+        seen = run.results("probe")[bed.hostname(vmid)]
+        assert seen["sha256"] == hashlib.sha256(blob.encode()).hexdigest()
+        assert seen["stdin_is_tty"] is False
+        assert (tmp_path / f"got-{bed.hostname(vmid)}").read_bytes() == data
+    # 4 module tasks of one pct exec each, copy's and fetch's few: as over paramiko.
+    counts = bed.pct_exec_counts(mark)
+    assert all(counts[vmid] >= 4 for vmid in bed.vmids), counts
+    assert len(bed.ssh_connections(mark)) == 1, bed.ssh_connections(mark)
+
+
+def test_the_paramiko_transport_opens_a_connection_per_worker(bed: Testbed, tmp_path: Path) -> None:
+    """The default (paramiko), for the comparison: each Ansible worker its own connection."""
+    (tmp_path / "library").mkdir()
+    (tmp_path / "library" / "stdin_probe.py").write_text(PROBE)
+    inventory = bed.inventory(tmp_path / "inventory.yml")
+    mark = bed.trace_mark()
+    run = run_playbook(probe_play("x"), inventory, tmp_path)
+    assert run.rc == 0, (run.output, run.stderr[-3000:])
+    assert len(bed.ssh_connections(mark)) >= 4 * len(bed.vmids)  # a worker per task and host

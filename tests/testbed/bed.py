@@ -429,6 +429,10 @@ class Testbed:
             if e["subcommand"] == "exec" and str(e["vmid"]).isdigit()
         )
 
+    def ssh_connections(self, since: int = 0) -> set[str]:
+        """The SSH connections (client address and port) that ran `pct` since the mark."""
+        return {str(e["ssh"]) for e in self.trace(since, tool="pct") if e.get("ssh")}
+
     # --- containers (fault injection) ---------------------------------------------------
     def status(self, vmid: int) -> str:
         return lxcctl.info(self.node_cfg, vmid)[0]

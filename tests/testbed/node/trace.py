@@ -25,6 +25,8 @@ def record(
         "path": path,
         "argv": [arg if len(arg) <= 300 else arg[:300] + "..." for arg in argv],
         "pid": os.getpid(),
+        # Which SSH connection ran it (client address and port): tests count connections.
+        "ssh": os.environ.get("SSH_CONNECTION"),
     }
     line = (json.dumps(entry) + "\n").encode()
     # One write() on an O_APPEND file: parallel forks never interleave inside a line.
