@@ -1,9 +1,11 @@
 """Deploy and verify over pct on the loopback Proxmox test bed: old transport against new.
 
     .venv/bin/python bench/deploy_pct.py [--runs 5] [--containers 1 2 4 8]
-        [--connections community.proxmox.proxmox_pct_remote dflash_pct] [--files]
+        [--connections community.proxmox.proxmox_pct_remote dflash_pct dflash_pct+openssh]
+        [--files]
 
-Per transport and container count (DFLASH_TESTBED_CONTAINERS is not needed: the bed is brought
+`dflash_pct+openssh` is dflash_pct with ssh_transport=openssh (one SSH master connection per
+node shared by every worker). Per transport and container count (DFLASH_TESTBED_CONTAINERS is not needed: the bed is brought
 up with the largest count), each the median of --runs: `ansible -m ping` of the same containers
 (the baseline, measured in the same run), a cold deploy (fresh state root, the torch env
 pre-seeded by hard links so the env build is not what is timed), a no-op deploy, verify.yml,
@@ -109,15 +111,21 @@ def attach_seconds(bed: Testbed, vmid: int, runs: int) -> float:
 def measure(bed: Testbed, tmp: Path, connection: str, count: int, runs: int, lock: dict,
             source: Path) -> dict:  # fmt: skip
     vmids = bed.vmids[:count]
+    # `dflash_pct+openssh`: the plugin with ssh_transport=openssh (one master per node).
+    connection, _, transport = connection.partition("+")
+    over = {"dflash_pct_ssh_transport": transport,
+            "dflash_pct_control_path_dir": tempfile.mkdtemp(prefix="cp", dir="/tmp")
+            } if transport else {}  # fmt: skip
     times: dict[str, list[float]] = {"ping": [], "cold": [], "noop": [], "verify": [],
                                      "rollback": []}  # fmt: skip
     calls: dict[str, list[int]] = {k: [] for k in times}
-    tag = connection.rsplit(".", 1)[-1]
+    tag = connection.rsplit(".", 1)[-1] + (f"-{transport}" if transport else "")
     for run in range(runs):
         root = f"/opt/dflash-bench-{tag}-{count}-{run}"
         fresh_root(bed, vmids, root)
         inv = bed.inventory(tmp / f"inv-{tag}-{count}.yml", vmids=vmids, connection=connection,
-                            group_vars={"dflash_env_lock": lock, "dflash_root": root})  # fmt: skip
+                            group_vars={"dflash_env_lock": lock, "dflash_root": root,
+                                        **over})  # fmt: skip
         extra = {"dflash_launch": False, "dflash_source_dir": str(source)}
         ping = [str(ANSIBLE_PLAYBOOK).replace("ansible-playbook", "ansible"),
                 "-i", str(inv), "all", "-m", "ansible.builtin.ping"]  # fmt: skip
@@ -137,7 +145,8 @@ def measure(bed: Testbed, tmp: Path, connection: str, count: int, runs: int, loc
                 calls[what].append(calls_per_host(bed, mark, vmids))
         print(f"{connection}, {count} container(s): run {run + 1}/{runs}", file=sys.stderr)
     return {
-        "connection": connection, "containers": count, "runs": runs,
+        "connection": connection + (f"+{transport}" if transport else ""),
+        "containers": count, "runs": runs,
         "seconds": {k: statistics.median(v) for k, v in times.items()},
         "calls": {k: statistics.median(v) for k, v in calls.items()},
     }  # fmt: skip
