@@ -5,10 +5,11 @@
         [--files]
 
 `dflash_pct+openssh` is dflash_pct with ssh_transport=openssh (one SSH master connection per
-node shared by every worker). Per transport and container count (DFLASH_TESTBED_CONTAINERS is not needed: the bed is brought
-up with the largest count), each the median of --runs: `ansible -m ping` of the same containers
-(the baseline, measured in the same run), a cold deploy (fresh state root, the torch env
-pre-seeded by hard links so the env build is not what is timed), a no-op deploy, verify.yml,
+node shared by every worker). Per transport and container count (DFLASH_TESTBED_CONTAINERS is
+not needed: the bed is brought up with the largest count), each the median of --runs:
+`ansible -m ping` of the same containers (the baseline, measured in the same run), a cold
+deploy (fresh state root, the torch env pre-seeded by hard links so the env build is not what
+is timed), a no-op deploy, verify.yml,
 a rollback (after a deploy of an earlier release, which is not timed), their ratios to ping,
 and the `pct exec` calls per host of each (from the pct double's trace).
 Then one `pct exec VMID -- true` (on the node) and one `lxc-attach -n VMID -- true`, median of
