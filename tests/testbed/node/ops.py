@@ -5,25 +5,24 @@ Operations that Proxmox runs as a task return a `Task`: its synchronous checks h
 raise PveError, the API's immediate error) and `run(task, log)` does the work that a worker does
 (raising there ends the task with `TASK ERROR: <message>`).
 
-Snapshots are metadata only: a `[name]` section in the config (and `parent:` links), no copy of
-the file system; rollback of a file system is not emulated.
+Snapshots (snapshots.py) are metadata only: a `[name]` section in the config (and `parent:`
+links), no copy of the file system; rollback of a file system is not emulated.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
 
 from . import ha, lxcctl
-from .nodecfg import NodeConfig, fault
+from .errors import PveError as PveError  # the doubles import it from here
+from .errors import Task as Task
+from .nodecfg import NodeConfig
 from .pveconf import ConfigMissing, ConfigStore, CtConfig, parse_property_string
+from .snapshots import Snapshots
 from .storage import parse_storage_cfg, snapshot_capable
 from .tasks import TaskLog
 
-# pve-common src/PVE/JSONSchema.pm: `pve-configid` ($CONFIGID_RE) and `pve-snapshot-name`.
-CONFIGID = re.compile(r"^[a-z][a-z0-9_-]+$", re.IGNORECASE)
-SNAPNAME_MAX = 40
 # pve-container src/PVE/LXC/Config.pm `$LXC_FASTPLUG_OPTIONS`, plus what
 # `vmconfig_hotplug_pending` changes on a running container (limits and network; the bed
 # enforces neither; a new mpN: see `set_config`). Everything else set on a running container
@@ -34,40 +33,6 @@ HOTPLUG = {"description", "onboot", "startup", "protection", "hostname", "hooksc
 
 DEVN = re.compile(r"dev\d+")
 MPN = re.compile(r"mp\d+")
-
-
-class PveError(RuntimeError):
-    """An error the way Proxmox reports it: the message (the CLI prints it; the API sends its
-    first line as the HTTP reason), the CLI's exit code, the HTTP code and per-key errors."""
-
-    def __init__(self, message: str, exit_code: int = 255, code: int = 500,
-                 errors: dict[str, str] | None = None) -> None:  # fmt: skip
-        super().__init__(message)
-        self.exit_code = exit_code
-        self.code = code
-        self.errors = errors or {}
-
-    @classmethod
-    def param(cls, key: str, problem: str) -> PveError:
-        """pve-common src/PVE/Exception.pm `raise_param_exc`: HTTP 400 with per-key errors."""
-        return cls(f"400 Parameter verification failed.\n{key}: {problem}", code=400,
-                   errors={key: problem})  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Task:
-    kind: str  # the UPID's type: vzstart, vzsnapshot, ...
-    ident: str  # the UPID's id: the VMID
-    op: str  # the Node method that does the work
-    args: tuple[object, ...]
-
-
-def check_snapname(name: str) -> None:
-    """JSONSchema.pm `check_prop`: the format first, then maxLength."""
-    if not CONFIGID.match(name):
-        raise PveError.param("snapname", f"invalid format - invalid configuration ID '{name}'\n")
-    if len(name) > SNAPNAME_MAX:
-        raise PveError.param("snapname", f"value may only be {SNAPNAME_MAX} characters long")
 
 
 def check_device(key: str, value: str) -> None:
@@ -82,7 +47,7 @@ def check_device(key: str, value: str) -> None:
         raise PveError(str(exc)) from None
 
 
-class Node:
+class Node(Snapshots):
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
         self.store = ConfigStore(cfg.etc_pve, cfg.node)
@@ -338,99 +303,6 @@ class Node:
 
     def do_stop(self, log: TaskLog, vmid: int, timeout_s: int | None) -> None:
         lxcctl.stop(self.cfg, vmid, timeout_s)
-
-    # --- tasks: snapshots ------------------------------------------------------------------
-    def snapshots(self, vmid: int) -> list[dict[str, object]]:
-        """API2/LXC/Snapshot.pm `list`: every snapshot, then `current`."""
-        conf = self.load(vmid)
-        result: list[dict[str, object]] = []
-        for name, section in conf.snapshots.items():
-            entry: dict[str, object] = {
-                "name": name,
-                "description": section.description,
-                "snaptime": int(section.options.get("snaptime", "0")),
-            }
-            if section.options.get("parent"):
-                entry["parent"] = section.options["parent"]
-            result.append(entry)
-        current: dict[str, object] = {
-            "name": "current",
-            "description": "You are here!",
-            "running": 1 if self.running(vmid) else 0,
-        }
-        if conf.current.options.get("parent"):
-            current["parent"] = conf.current.options["parent"]
-        result.append(current)
-        return result
-
-    def snapshot(self, vmid: int, name: str, description: str = "") -> Task:
-        """API2/LXC/Snapshot.pm `snapshot`: the schema check of `snapname`, then the reserved
-        names; the rest happens in the worker."""
-        check_snapname(name)
-        if name in ("current", "vzdump"):
-            raise PveError(f"unable to use snapshot name '{name}' (reserved name)")
-        self.load(vmid)
-        return Task("vzsnapshot", str(vmid), "do_snapshot", (vmid, name, description))
-
-    def do_snapshot(self, log: TaskLog, vmid: int, name: str, description: str) -> None:
-        """AbstractConfig.pm `snapshot_create`: `__snapshot_prepare` (check_lock, then
-        `lock: snapshot` and the new section with `snapstate: prepare` written), a running
-        container frozen while its volumes are snapshotted (LXC/Config.pm `__snapshot_freeze`:
-        PVE::LXC::freeze, then thaw; the volumes take `snapshot_seconds` of faults.json here),
-        then `__snapshot_commit` (snapstate and lock removed, `parent` set)."""
-        with self.store.locked(vmid):
-            conf = self.load(vmid)
-            if "lock" in conf.current.options:
-                raise PveError(f"CT is locked ({conf.current.options['lock']})")
-            if name in conf.snapshots:
-                raise PveError(f"snapshot name '{name}' already used")
-            if not self.feature(vmid, "snapshot")["hasFeature"]:
-                raise PveError("snapshot feature is not available")
-            snap = conf.current.copy()
-            snap.options["snaptime"] = str(int(time.time()))
-            snap.options["snapstate"] = "prepare"
-            snap.description = description
-            conf.snapshots[name] = snap
-            conf.current.options["lock"] = "snapshot"
-            self.store.write(vmid, conf)
-        frozen = self.running(vmid)
-        if frozen:
-            lxcctl.freeze(self.cfg, vmid)
-        try:
-            time.sleep(float(fault(self.cfg, "snapshot_seconds", 0)))  # type: ignore[arg-type]
-        finally:
-            if frozen:
-                lxcctl.thaw(self.cfg, vmid)
-        with self.store.locked(vmid):
-            conf = self.load(vmid)
-            if conf.current.options.get("lock") != "snapshot":
-                raise PveError("missing snapshot lock")
-            conf.snapshots[name].options.pop("snapstate", None)
-            conf.current.options.pop("lock")
-            conf.current.options["parent"] = name
-            self.store.write(vmid, conf)
-
-    def delete_snapshot(self, vmid: int, name: str) -> Task:
-        """API2/LXC/Snapshot.pm `delsnapshot`."""
-        conf = self.load(vmid)
-        if name not in conf.snapshots:
-            raise PveError(f"snapshot '{name}' does not exist")
-        return Task("vzdelsnapshot", str(vmid), "do_delete_snapshot", (vmid, name))
-
-    def do_delete_snapshot(self, log: TaskLog, vmid: int, name: str) -> None:
-        with self.store.locked(vmid):
-            conf = self.load(vmid)
-            if name not in conf.snapshots:
-                raise PveError(f"snapshot '{name}' does not exist")
-            gone = conf.snapshots.pop(name)
-            # children of the removed snapshot now hang off its parent
-            for section in [conf.current, *conf.snapshots.values()]:
-                if section.options.get("parent") == name:
-                    if gone.options.get("parent"):
-                        section.options["parent"] = gone.options["parent"]
-                    else:
-                        section.options.pop("parent")
-            self.store.write(vmid, conf)
 
     def run(self, task: Task, log: TaskLog) -> None:
         getattr(self, task.op)(log, *task.args)
