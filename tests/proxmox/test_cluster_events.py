@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +21,14 @@ from .ansible_run import run_playbook
 from .test_dflash_proxmox import changes, run
 
 pytestmark = pytest.mark.testbed
+
+
+@pytest.fixture(autouse=True)
+def put_back(proxmox_testbed: Testbed) -> Iterator[None]:
+    """Each test leaves the bed as it found it (a migrated or HA-managed container, faults):
+    the session's fixtures that use it directly (bed_envs) do not reset it."""
+    yield
+    proxmox_testbed.reset()
 
 
 def lxc_state(bed: Testbed, vmid: int) -> str:
