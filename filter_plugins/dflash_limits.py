@@ -5,14 +5,16 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 name: dflash_limits_problems
-short_description: What the container's memory and core limits cannot hold of this layout
+short_description: What the container's memory limit cannot hold of this layout
 description:
   - Given the dflash_proxmox check's result and the validated run spec (its C(layout) and
-    trainer flags), one message per limit the trainer's processes would exceed, with the
-    numbers and the fix; an empty list when they fit or nothing is known.
+    trainer flags), a message when the trainer's processes need more memory than the
+    container may use, with the numbers and the fix; an empty list when they fit or nothing
+    is known. (C(dflash_limits_warnings), in the same file, says when they outnumber its
+    cores.)
   - The processes are one per GPU of the layout (target and drafter GPUs together), or the
     C(cpu_ranks) trainer flag's ranks on the CPU, else one.
-  - Memory is checked only with O(per_process_mb) (C(dflash_trainer_memory_mb)) above 0.
+  - Checked only with O(per_process_mb) (C(dflash_trainer_memory_mb)) above 0.
 positional: per_process_mb
 options:
   _input:
@@ -49,11 +51,12 @@ def trainer_processes(spec: dict) -> int:
 
 
 def limits_problems(proxmox: dict | None, spec: dict, per_process_mb: int = 0) -> list[str]:
+    """Over the memory limit: the kernel would OOM-kill the trainer."""
     config = (proxmox or {}).get("config") or {}
     vmid = (proxmox or {}).get("vmid")
     processes = trainer_processes(spec)
     problems = []
-    memory, cores = config.get("memory"), config.get("cores")
+    memory = config.get("memory")
     if per_process_mb and memory and processes * per_process_mb > int(memory):
         problems.append(
             f"container {vmid} may use {memory} MB of memory (memory in its Proxmox config), and "
@@ -62,15 +65,26 @@ def limits_problems(proxmox: dict | None, spec: dict, per_process_mb: int = 0) -
             f"would answer by OOM-killing the trainer. Raise the limit (pct set {vmid} -memory "
             f"{processes * per_process_mb}), or run fewer processes"
         )
-    if cores and processes > int(cores):
-        problems.append(
-            f"container {vmid} may use {cores} core(s) (cores in its Proxmox config), and this "
-            f"layout runs {processes} trainer processes, each needing a core at least: raise the "
-            f"limit (pct set {vmid} -cores {processes}), or run fewer processes"
-        )
     return problems
+
+
+def limits_warnings(proxmox: dict | None, spec: dict) -> list[str]:
+    """Over the core limit: the processes run, slower (a warning, never a refusal)."""
+    config = (proxmox or {}).get("config") or {}
+    vmid, cores = (proxmox or {}).get("vmid"), config.get("cores")
+    processes = trainer_processes(spec)
+    if not cores or processes <= int(cores):
+        return []
+    return [
+        f"container {vmid} may use {cores} core(s) (cores in its Proxmox config), and this "
+        f"layout runs {processes} trainer processes: they share the cores and train slower "
+        f"(pct set {vmid} -cores {processes} gives each its own)"
+    ]
 
 
 class FilterModule:
     def filters(self) -> dict:
-        return {"dflash_limits_problems": limits_problems}
+        return {
+            "dflash_limits_problems": limits_problems,
+            "dflash_limits_warnings": limits_warnings,
+        }

@@ -507,13 +507,16 @@ class Testbed:
 
     def reset(self) -> None:
         """Every container of the bed back to its default config (no snapshots, nothing pending)
-        and running, on this node and not HA-managed; API tokens other than the bed's own and
-        fault settings removed."""
+        and running, on this node and not HA-managed; API tokens other than the bed's own,
+        fault settings and the task history removed."""
         self.tokens = {API_TOKEN: self.tokens[API_TOKEN]}
         self.write_access()
         (self.root / "faults.json").unlink(missing_ok=True)
         for name in ("resources.cfg", "manager_status"):
             (self.node_cfg.etc_pve / "ha" / name).unlink(missing_ok=True)
+        # Each test counts the tasks it caused (task_results): the history starts empty.
+        shutil.rmtree(self.node_cfg.tasks, ignore_errors=True)
+        self.node_cfg.tasks.mkdir()
         for folder in (self.node_cfg.etc_pve / "nodes").iterdir():
             if folder.name != self.node:  # a node a container was migrated to
                 shutil.rmtree(folder)

@@ -3,7 +3,7 @@ trainer processes of a layout, with the numbers and the fix."""
 
 from __future__ import annotations
 
-from filter_plugins.dflash_limits import limits_problems, trainer_processes
+from filter_plugins.dflash_limits import limits_problems, limits_warnings, trainer_processes
 
 CONTAINER = {"vmid": 200, "config": {"memory": 2048, "cores": 2}}
 
@@ -28,10 +28,12 @@ def test_a_layout_over_memory_names_both_figures_and_the_fix() -> None:
     assert problem.endswith("(pct set 200 -memory 3000), or run fewer processes")
 
 
-def test_a_layout_over_cores_is_named_and_memory_unchecked_at_zero() -> None:
-    [problem] = limits_problems(CONTAINER, spec([0, 1], [2, 3]), 0)
-    assert problem.startswith("container 200 may use 2 core(s) (cores in its Proxmox config)")
-    assert "(pct set 200 -cores 4)" in problem
+def test_a_layout_over_cores_is_a_warning_and_memory_unchecked_at_zero() -> None:
+    assert limits_problems(CONTAINER, spec([0, 1], [2, 3]), 0) == []
+    [warning] = limits_warnings(CONTAINER, spec([0, 1], [2, 3]))
+    assert warning.startswith("container 200 may use 2 core(s) (cores in its Proxmox config)")
+    assert "(pct set 200 -cores 4 gives each its own)" in warning
+    assert limits_warnings(CONTAINER, spec([0], [1])) == []
 
 
 def test_what_fits_or_is_unknown_says_nothing() -> None:
