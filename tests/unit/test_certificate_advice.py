@@ -9,7 +9,7 @@ import socket
 import ssl
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -72,9 +72,13 @@ def serving(cert: Path, key: Path) -> Iterator[int]:
         listener.close()
 
 
+def advice_for(make: Callable[[Path], tuple[Path, Path]], folder: Path) -> str:
+    with serving(*make(folder)) as port:
+        return certificate_advice("127.0.0.1", port)
+
+
 def test_a_self_signed_certificate_is_trusted_by_itself(tmp_path: Path) -> None:
-    with serving(*self_signed(tmp_path)) as port:
-        advice = certificate_advice("127.0.0.1", port)
+    advice = advice_for(self_signed, tmp_path)
     assert advice.startswith(
         "it serves subject CN=pve1.example.org, issued by CN=pve1.example.org: a self-signed "
         "certificate (a custom /etc/pve/nodes/<node>/pveproxy-ssl.pem): set "
@@ -84,8 +88,7 @@ def test_a_self_signed_certificate_is_trusted_by_itself(tmp_path: Path) -> None:
 
 
 def test_a_certificate_of_another_ca_names_that_ca_not_pve_root_ca(tmp_path: Path) -> None:
-    with serving(*issued_by_other_ca(tmp_path)) as port:
-        advice = certificate_advice("127.0.0.1", port)
+    advice = advice_for(issued_by_other_ca, tmp_path)
     assert advice.startswith(
         "it serves subject CN=pve1.example.org, issued by CN=R11,O=Let's Encrypt,C=US: a custom "
         "or ACME certificate (/etc/pve/nodes/<node>/pveproxy-ssl.pem), which pve-root-ca.pem "
