@@ -119,7 +119,7 @@ def connection_to(bed: Testbed, vmid: int):
     conn.set_options(var_options={
         "ansible_host": bed.host, "ansible_port": bed.port, "ansible_user": bed.user,
         "ansible_ssh_private_key_file": str(bed.private_key), "ansible_host_key_checking": False,
-        "proxmox_vmid": vmid})  # fmt: skip
+        "proxmox_vmid": vmid, "dflash_pct_ssh_transport": "paramiko"})  # fmt: skip
     return conn
 
 
@@ -189,7 +189,8 @@ def test_the_paramiko_transport_opens_a_connection_per_worker(bed: Testbed, tmp_
     """The default (paramiko), for the comparison: each Ansible worker its own connection."""
     (tmp_path / "library").mkdir()
     (tmp_path / "library" / "stdin_probe.py").write_text(PROBE)
-    inventory = bed.inventory(tmp_path / "inventory.yml")
+    paramiko = {"dflash_pct_ssh_transport": "paramiko"}  # whatever DFLASH_PCT_SSH_TRANSPORT says
+    inventory = bed.inventory(tmp_path / "inventory.yml", group_vars=paramiko)
     mark = bed.trace_mark()
     run = run_playbook(probe_play("x"), inventory, tmp_path)
     assert run.rc == 0, (run.output, run.stderr[-3000:])
