@@ -421,7 +421,14 @@ class Connection(PctRemoteConnection):
         )
 
     def _openssh(self) -> bool:
-        """Whether this connection goes through the OpenSSH client (see ssh_transport)."""
+        """Whether this connection goes through the OpenSSH client (see ssh_transport), decided
+        at its first command (the become plugin is set by then) and kept: connect, every
+        command and close ask, and a fallback to paramiko is warned about once."""
+        if getattr(self, "_over_openssh", None) is None:
+            self._over_openssh = self._choose_openssh()
+        return self._over_openssh
+
+    def _choose_openssh(self) -> bool:
         if self.get_option("ssh_transport") != "openssh":
             return False
         if self.get_option("password"):

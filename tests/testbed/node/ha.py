@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from .nodecfg import ENV_VAR, NodeConfig, fault
+from .nodecfg import NodeConfig, fault
 
 DEFAULT_START_DELAY = 2.0
 
@@ -54,6 +54,11 @@ def _write(cfg: NodeConfig, found: dict[str, dict[str, str]]) -> None:
         f"{sid.replace(':', ': ', 1)}\n" + "".join(f"\t{k} {v}\n" for k, v in opts.items()) + "\n"
         for sid, opts in found.items()
     )
+    _replace(path, text)
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write whole or not at all: a reader never sees half a file."""
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     tmp.write_text(text)
     tmp.replace(path)
@@ -77,15 +82,17 @@ def _manager_path(cfg: NodeConfig) -> Path:
     return cfg.etc_pve / "ha" / "manager_status"
 
 
+def _manager(cfg: NodeConfig) -> dict:
+    path = _manager_path(cfg)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def set_service_state(cfg: NodeConfig, vmid: int, state: str) -> None:
     """The CRM's view of a service in /etc/pve/ha/manager_status (JSON): `request_start`,
     `started`, or `error` once a start failed (max_restart 1 by default, then no retry)."""
-    path = _manager_path(cfg)
-    manager = json.loads(path.read_text()) if path.exists() else {}
+    manager = _manager(cfg)
     manager.setdefault("service_status", {})[f"ct:{vmid}"] = {"state": state}
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    tmp.write_text(json.dumps(manager))
-    tmp.replace(path)
+    _replace(_manager_path(cfg), json.dumps(manager))
 
 
 def status(cfg: NodeConfig, vmid: int) -> dict[str, object]:
@@ -94,20 +101,18 @@ def status(cfg: NodeConfig, vmid: int) -> dict[str, object]:
     entry = resources(cfg).get(f"ct:{vmid}")
     if entry is None:
         return {"managed": 0}
-    path = _manager_path(cfg)
-    manager = json.loads(path.read_text()) if path.exists() else {}
-    service = manager.get("service_status", {}).get(f"ct:{vmid}", {})
+    service = _manager(cfg).get("service_status", {}).get(f"ct:{vmid}", {})
     return {"managed": 1, "state": service.get("state", entry.get("state", "started"))}
 
 
 def request_start(cfg: NodeConfig, vmid: int) -> None:
     """Hand the start to the bed's LRM, which outlives the hastart task."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]),
-           ENV_VAR: str(Path(cfg.root) / "node.json")}  # fmt: skip
+    from .tasks import worker_env
+
     subprocess.Popen(
         [sys.executable, "-S", "-m", "tests.testbed.node.ha", str(vmid)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env=env, start_new_session=True,
+        env=worker_env(cfg), start_new_session=True,
     )  # fmt: skip
 
 

@@ -163,10 +163,16 @@ def run(
     return upid, log.finish(error)
 
 
+def worker_env(node: NodeConfig) -> dict[str, str]:
+    """The environment of a process the node starts in the background (a task's worker, the HA
+    stack's start): the bed's code importable, this node's config named."""
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]),
+            ENV_VAR: str(Path(node.root) / "node.json")}  # fmt: skip
+
+
 def spawn(node: NodeConfig, request: dict[str, object]) -> str:
     """Fork a worker (`python -m tests.testbed.node.worker`) and return its UPID at once."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]),
-           ENV_VAR: str(Path(node.root) / "node.json")}  # fmt: skip
+    env = worker_env(node)
     proc = subprocess.Popen(
         [sys.executable, "-S", "-m", "tests.testbed.node.worker", json.dumps(request)],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
