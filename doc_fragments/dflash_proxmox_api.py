@@ -31,11 +31,16 @@ options:
     required: true
   validate_certs:
     description:
-      - Verify the API's TLS certificate. A node's own CA is trusted through the
-        E(REQUESTS_CA_BUNDLE) environment variable (the role sets it from
+      - Verify the API's TLS certificate, against O(ca_file) when set (the roles set it from
         C(proxmox_api_ca_file)).
     type: bool
     default: true
+  ca_file:
+    description:
+      - The CA certificate(s) to verify the API's TLS certificate against, for example a copy
+        of the cluster's C(/etc/pve/pve-root-ca.pem). Default the system's CA bundle, or
+        E(REQUESTS_CA_BUNDLE). Ignored with O(validate_certs=false).
+    type: path
   api_timeout:
     description: Seconds to wait for the connection and for each API call.
     type: int

@@ -2,8 +2,8 @@
 # Read-only check of one Proxmox LXC container through the Proxmox API, run on the controller
 # before anything of a deploy changes: it exists for this token, it runs (started when asked),
 # what it runs with passes the GPUs through and has the mount points, and whether a snapshot
-# is possible. Snapshots themselves are dflash_proxmox_snapshot's. Over 300 lines because ~140
-# are its DOCUMENTATION and RETURN; the code is ~250.
+# is possible. Snapshots themselves are dflash_proxmox_snapshot's. The check itself is
+# module_utils/dflash_proxmox_check.py, shared with dflash_proxmox_containers.
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -160,239 +160,38 @@ actions:
 """
 
 import importlib.util
-import re
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.dflash_proxmox import (
-    PROXMOXER_ERROR,
-    ProxmoxError,
-    auth_argument_spec,
-    call,
-    token_name,
-    wait_task,
-)
+from ansible.module_utils.dflash_proxmox import PROXMOXER_ERROR, ProxmoxError
 from ansible.module_utils.dflash_proxmox import connect as api_connect
-from ansible.module_utils.dflash_proxmox_cluster import (
-    lock_problem,
-    migrated_problem,
-    wait_running,
-    where_is,
+from ansible.module_utils.dflash_proxmox_check import (
+    container_argument_spec,
+    finish_start,
+    pending_warning,
+    ready,
+    request_start,
+    validate,
 )
-from ansible.module_utils.dflash_proxmox_config import (
-    char_majors,
-    gpu_problems,
-    mount_problems,
-    snapshot_blockers,
-    summarize,
-)
-
-SNAP_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
-SNAP_NAME_MAX = 40  # pve-common JSONSchema.pm `pve-snapshot-name`: maxLength 40
-STAMP_LEN = len("-YYYYmmddHHMMSS")
-
-
-def validate(params: dict[str, Any]) -> None:
-    """Input errors, found before any call: nothing is changed when one is found."""
-    vmid, spec = params["vmid"], params["snapshot"]
-    if spec is not None:
-        prefix = spec["name_prefix"]
-        example = f"{prefix}-20260101120000"
-        if not SNAP_PREFIX.match(prefix):
-            raise ProxmoxError(
-                f"dflash_proxmox_snapshot.name_prefix {prefix!r} (container {vmid}) is not "
-                "usable in a Proxmox snapshot name: letters, digits, '-' and '_', starting with "
-                "a letter; nothing was changed"
-            )
-        if len(example) > SNAP_NAME_MAX:
-            raise ProxmoxError(
-                f"the snapshot names of container {vmid} would be {len(example)} characters "
-                f"('{example}'), and Proxmox allows at most {SNAP_NAME_MAX}: shorten "
-                f"dflash_proxmox_snapshot.name_prefix to at most {SNAP_NAME_MAX - STAMP_LEN} "
-                "characters; nothing was changed"
-            )
-        if spec["retain"] < 1:
-            raise ProxmoxError(
-                f"dflash_proxmox_snapshot.retain is {spec['retain']} (container {vmid}): it "
-                "must be at least 1, or the snapshot just taken would be deleted at once (use "
-                "dflash_proxmox_snapshot: {} for none); nothing was changed"
-            )
-    for gpu in params["gpus"]:
-        if gpu < 0:
-            raise ProxmoxError(f"gpus: {gpu} is not a GPU index (0, 1, ...)")
-    if params["start_timeout"] < 1 or params["api_timeout"] < 1:
-        raise ProxmoxError("start_timeout and api_timeout must be at least 1 second")
-
-
-def find_container(api: Any, params: dict[str, Any]) -> None:
-    """The container must be in the token's list of the node's containers: with privilege
-    separation a token sees only those its own ACL lets it audit (API2/LXC.pm `vmlist`)."""
-    node, vmid, token = params["node"], params["vmid"], token_name(params)
-    try:
-        containers = api.nodes(node).lxc.get()
-    except Exception as exc:
-        known = [n.get("node") for n in call("listing the nodes", api.nodes.get, token=token)]
-        if node not in known:
-            raise ProxmoxError(
-                f"node {node!r} is not known to the Proxmox API (nodes: "
-                f"{', '.join(map(str, known)) or 'none'}); set proxmox_node to the one that "
-                f"holds container {vmid}"
-            ) from exc
-        raise ProxmoxError(f"listing the containers of node {node} failed: {exc}") from exc
-    seen = sorted(int(c["vmid"]) for c in containers)
-    if vmid not in seen:
-        now_on = where_is(api, vmid, token)
-        if now_on and now_on != node:
-            raise ProxmoxError(migrated_problem(vmid, node, now_on))
-        raise ProxmoxError(
-            f"container {vmid} is not among the containers that token {token} sees on node "
-            f"{node} ({', '.join(map(str, seen)) or 'none'}): it does not exist there, or the "
-            f"token lacks VM.Audit on /vms/{vmid}; check proxmox_vmid and proxmox_node, or "
-            f"grant it: pveum acl modify /vms/{vmid} --tokens '{token}' --roles PVEVMAdmin"
-        )
-
-
-def privileges(api: Any, params: dict[str, Any]) -> set[str]:
-    """The token's own privileges on the container (GET /access/permissions?path=...)."""
-    path = f"/vms/{params['vmid']}"
-    found = call(
-        f"reading the privileges of token {token_name(params)}",
-        api.access.permissions.get,
-        path=path,
-        token=token_name(params),
-    )
-    return set((found or {}).get(path, {}))
-
-
-def check(api: Any, params: dict[str, Any], result: dict[str, Any]) -> list[str]:
-    """Read what the container has; return every problem (nothing changed yet)."""
-    node, vmid, token = params["node"], params["vmid"], token_name(params)
-    ct = api.nodes(node).lxc(vmid)
-    config = call(f"reading the config of container {vmid}", ct.config.get, current=1, token=token)
-    current = call(f"reading the status of container {vmid}", ct.status.current.get, token=token)
-    status = current["status"]
-    pending = call(f"reading the pending changes of container {vmid}", ct.pending.get, token=token)
-    changes = [item for item in pending if "pending" in item or item.get("delete")]
-    later = {item["key"]: item["pending"] for item in changes if "pending" in item}
-    feature = call(
-        f"checking the snapshot feature of container {vmid}",
-        ct.feature.get,
-        feature="snapshot",
-        token=token,
-    )
-    possible = bool(int(feature.get("hasFeature") or 0))
-    result.update(
-        status=status,
-        config=summarize(config, params["gpus"]),
-        pending=changes,
-        snapshot={
-            "possible": possible,
-            "reason": None if possible else snapshot_blockers(config, vmid),
-        },
-    )
-    majors = char_majors(params["proc_devices"]) if params["proc_devices"] is not None else None
-    problems = gpu_problems(config, later, vmid, params["gpus"], majors)
-    problems += mount_problems(config, later, vmid, params["mounts"])
-    locked = lock_problem(vmid, node, current.get("lock"))
-    if locked:
-        problems.append(locked)
-    needed = []
-    if params["snapshot"] is not None:
-        if not possible:
-            problems.append(
-                f"container {vmid} cannot be snapshotted: {result['snapshot']['reason']}"
-            )
-        needed.append(("VM.Snapshot", "take snapshots of", "PVEVMAdmin"))
-    if status != "running" and not params["start_if_stopped"]:
-        problems.append(
-            f"container {vmid} on node {node} is {status}; start it (pct start {vmid}) or set "
-            "dflash_proxmox_start_if_stopped: true"
-        )
-    elif status != "running":
-        needed.append(("VM.PowerMgmt", "start", "PVEVMUser"))
-    have = privileges(api, params) if needed else set()
-    for priv, verb, role in needed:
-        if priv not in have:
-            problems.append(
-                f"token {token} may not {verb} container {vmid} (no {priv} on /vms/{vmid}); "
-                f"grant it: pveum acl modify /vms/{vmid} --tokens '{token}' --roles {role}"
-            )
-    return problems
-
-
-def start(api: Any, params: dict[str, Any], result: dict[str, Any]) -> None:
-    node, vmid, token = params["node"], params["vmid"], token_name(params)
-    what = f"starting container {vmid} on node {node}"
-    upid = call(what, api.nodes(node).lxc(vmid).status.start.post, token=token)
-    try:
-        ended = wait_task(api, node, str(upid), params["start_timeout"], what, token)
-    except ProxmoxError as exc:
-        device = re.search(r"Device (/dev/\S+) does not exist", str(exc))
-        if device:
-            raise ProxmoxError(
-                f"{exc}: node {node} has no {device[1]}, and Proxmox starts no container whose "
-                f"devN names a device the node lacks; load its driver on the node, or remove "
-                f"the entry (pct set {vmid} -delete devN)"
-            ) from exc
-        raise
-    note = "" if ended == "OK" else f"; its task ended with {ended}"
-    if ":hastart:" in str(upid):  # HA-managed: the task only queued the request
-        waited = wait_running(api, node, vmid, params["start_timeout"], token)
-        note += f"; HA-managed: the HA stack started it {waited:.0f} s after the request"
-    result["status"] = "running"
-    result["actions"].append(f"started container {vmid} (it was stopped{note})")
 
 
 def run(module: AnsibleModule, result: dict[str, Any]) -> None:
     params = module.params
     api = api_connect(params)
-    find_container(api, params)
-    problems = check(api, params, result)
-    if problems:
-        count = f"{len(problems)} problems" if len(problems) > 1 else "1 problem"
-        raise ProxmoxError(
-            f"container {params['vmid']} on node {params['node']} is not ready ({count}): "
-            + "; ".join(problems)
-        )
-    if result["pending"]:
-        keys = ", ".join(f"{c['key']}: {c.get('pending', '(delete)')}" for c in result["pending"])
-        module.warn(
-            f"container {params['vmid']} has pending changes, applied only at its next "
-            f"start: {keys}"
-        )
+    ready(api, params, result, listed={})
+    warning = pending_warning(params, result)
+    if warning:
+        module.warn(warning)
     if result["status"] != "running":
         result["started"] = True
         if module.check_mode:
             result["actions"].append(f"would start container {params['vmid']} (it is stopped)")
         else:
-            start(api, params, result)
+            finish_start(api, params, request_start(api, params), result)
 
 
 def main() -> None:
-    spec = auth_argument_spec()
-    spec.update(
-        node={"type": "str", "required": True},
-        vmid={"type": "int", "required": True},
-        start_if_stopped={"type": "bool", "default": False},
-        start_timeout={"type": "int", "default": 60},
-        gpus={"type": "list", "elements": "int", "default": []},
-        proc_devices={"type": "str"},
-        mounts={
-            "type": "list",
-            "elements": "dict",
-            "default": [],
-            "options": {"path": {"type": "str", "required": True}, "source": {"type": "str"}},
-        },
-        snapshot={
-            "type": "dict",
-            "options": {
-                "name_prefix": {"type": "str", "default": "dflash-predeploy"},
-                "retain": {"type": "int", "default": 3},
-                "description": {"type": "str", "default": "taken by dflash-deploy before a deploy"},
-            },
-        },
-    )
-    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=container_argument_spec(), supports_check_mode=True)
     result: dict[str, Any] = {
         "vmid": module.params["vmid"],
         "node": module.params["node"],

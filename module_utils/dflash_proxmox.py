@@ -55,6 +55,7 @@ def auth_argument_spec() -> dict[str, Any]:
             "fallback": (env_fallback, ["PROXMOX_TOKEN_SECRET"]),
         },
         "validate_certs": {"type": "bool", "default": True},
+        "ca_file": {"type": "path"},
         "api_timeout": {"type": "int", "default": 10},
     }
 
@@ -77,7 +78,8 @@ def connect(params: dict[str, Any]) -> Any:
         user=params["api_user"],
         token_name=params["api_token_id"],
         token_value=params["api_token_secret"],
-        verify_ssl=params["validate_certs"],
+        # a CA file (the node's own pve-root-ca.pem) or True: the system's, REQUESTS_CA_BUNDLE
+        verify_ssl=(params.get("ca_file") or True) if params["validate_certs"] else False,
         timeout=params["api_timeout"],
     )
     try:

@@ -16,7 +16,7 @@ from tests.testbed.bed import API_USER, Testbed
 from tests.testbed.node.pveconf import Section
 from tests.testbed.sshd import free_port
 
-from .ansible_run import PlayRun, module_play, run_playbook
+from .ansible_run import PROXMOX_API_ARGS, PlayRun, module_play, run_playbook
 from .conftest import newer_debian
 
 pytestmark = pytest.mark.testbed
@@ -433,3 +433,50 @@ def test_unreachable_api_unknown_node_untrusted_cert_and_bad_token(
     # the secrets (the right one and the wrong one) appear nowhere in what Ansible returned
     for shown in (json.dumps(result.output), json.dumps(refused)):
         assert wrong not in shown and bed.token_secret() not in shown
+
+
+def test_the_containers_of_a_node_are_checked_in_one_session(bed: Testbed, tmp_path: Path) -> None:
+    """dflash_proxmox_containers (the role's check): one API session and one listing of the
+    node for all its containers; every start requested before any is waited for; a container
+    that is not ready fails its own entry only."""
+    first, second = bed.vmids[:2]
+    for vmid in (first, second):
+        bed.stop_container(vmid)
+    api = {k: v for k, v in PROXMOX_API_ARGS.items() if k != "vmid"}
+    entries = [
+        {"name": name, **api, "ca_file": "{{ proxmox_api_ca_file }}", "vmid": vmid,
+         "start_if_stopped": True, "start_timeout": 60, "mounts": WHEELHOUSE}
+        for name, vmid in (("a", first), ("b", second), ("ghost", 999))
+    ]  # fmt: skip
+    play = {
+        "name": "one check for every container",
+        "hosts": "all",
+        "gather_facts": False,
+        "tasks": [{"name": "check", "dflash_proxmox_containers": {"containers": entries},
+                   "run_once": True, "delegate_to": "localhost"}],
+    }  # fmt: skip
+    mark = bed.trace_mark()
+    result = run_playbook([play], bed.inventory(), tmp_path)
+    answer = next(iter(result.results("check").values()))
+    assert not answer.get("failed"), answer
+    assert answer["changed"] is True and answer["sessions"] == 1
+    found = answer["containers"]
+    for name, vmid in (("a", first), ("b", second)):
+        assert not found[name].get("failed"), found[name]
+        assert found[name]["started"] is True and found[name]["status"] == "running"
+        assert found[name]["actions"] == [f"started container {vmid} (it was stopped)"]
+        assert bed.status(vmid) == "running"
+    assert found["ghost"]["failed"] is True
+    assert found["ghost"]["msg"].startswith(
+        f"container 999 is not among the containers that token {API_USER}!deploy sees on node "
+        f"{bed.node} ("
+    )
+    paths = [(e["subcommand"], e["path"]) for e in bed.api_calls(mark)]
+    assert paths.count(("get", "/version")) == 1
+    assert paths.count(("get", f"/nodes/{bed.node}/lxc")) == 1
+    # both starts were asked for before the first wait for a start task's end
+    posts = [i for i, (verb, path) in enumerate(paths) if verb == "post"]
+    waits = [i for i, (verb, path) in enumerate(paths) if "/tasks/" in path]
+    assert len(posts) == 2 and max(posts) < min(waits)
+    # the secret never reaches the output
+    assert bed.token_secret() not in json.dumps(result.output)
