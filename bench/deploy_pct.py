@@ -1,12 +1,13 @@
 """Deploy and verify over pct on the loopback Proxmox test bed: old transport against new.
 
     .venv/bin/python bench/deploy_pct.py [--runs 5] [--containers 1 2 4 8]
-        [--connections community.proxmox.proxmox_pct_remote dflash_pct dflash_pct+openssh]
+        [--connections community.proxmox.proxmox_pct_remote dflash_pct+paramiko dflash_pct]
         [--files]
 
-`dflash_pct+openssh` is dflash_pct with ssh_transport=openssh (one SSH master connection per
-node shared by every worker). Per transport and container count (DFLASH_TESTBED_CONTAINERS is
-not needed: the bed is brought up with the largest count), each the median of --runs:
+`dflash_pct` runs over its default transport, OpenSSH (one SSH master connection per node
+shared by every worker); `dflash_pct+paramiko` over paramiko (a connection per worker). Per
+transport and container count (DFLASH_TESTBED_CONTAINERS is not needed: the bed is brought up
+with the largest count), each the median of --runs:
 `ansible -m ping` of the same containers (the baseline, measured in the same run), a cold
 deploy (fresh state root, the torch env pre-seeded by hard links so the env build is not what
 is timed), a no-op deploy, verify.yml,
@@ -112,11 +113,11 @@ def attach_seconds(bed: Testbed, vmid: int, runs: int) -> float:
 def measure(bed: Testbed, tmp: Path, connection: str, count: int, runs: int, lock: dict,
             source: Path) -> dict:  # fmt: skip
     vmids = bed.vmids[:count]
-    # `dflash_pct+openssh`: the plugin with ssh_transport=openssh (one master per node).
+    # `dflash_pct+paramiko`: the plugin with that ssh_transport (openssh is its default).
     connection, _, transport = connection.partition("+")
-    over = {"dflash_pct_ssh_transport": transport,
-            "dflash_pct_control_path_dir": tempfile.mkdtemp(prefix="cp", dir="/tmp")
-            } if transport else {}  # fmt: skip
+    over = {"dflash_pct_ssh_transport": transport} if transport else {}
+    if connection == PCT_CONNECTION:  # its own master connections, not an earlier row's
+        over["dflash_pct_control_path_dir"] = tempfile.mkdtemp(prefix="cp", dir="/tmp")
     times: dict[str, list[float]] = {"ping": [], "cold": [], "noop": [], "verify": [],
                                      "rollback": []}  # fmt: skip
     calls: dict[str, list[int]] = {k: [] for k in times}
@@ -174,7 +175,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--containers", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--connections", nargs="+",
-                        default=[PLAIN_PCT_CONNECTION, PCT_CONNECTION])  # fmt: skip
+                        default=[PLAIN_PCT_CONNECTION, f"{PCT_CONNECTION}+paramiko",
+                                 PCT_CONNECTION])  # fmt: skip
     parser.add_argument("--files", action="store_true", help="also the 10x-files cold deploy")
     parser.add_argument("--json", type=Path, help="write the rows here too")
     args = parser.parse_args()

@@ -19,14 +19,17 @@ description:
     Commands without input still get a PTY when O(pty) is true, as with the parent plugin.
   - Input is sent while the output is read, and every byte of it is sent. Paths in uploads and
     downloads are quoted for the container's shell.
-  - One SSH connection per node, user and credentials serves every connection of a process. Ansible
-    forks a worker per task and host, so across tasks this saves nothing under
-    C(ansible-playbook); it does inside one process that opens many connections.
-  - With O(ssh_transport=openssh), C(pct exec) goes through the OpenSSH client with a shared
-    master connection (C(ControlMaster=auto), C(ControlPersist)). Every worker and task of a
-    play, and the plays after it for O(control_persist) seconds, use one SSH connection per
-    node. It takes keys (or an agent), not passwords; with O(password) set, or a become method
-    that answers a prompt, paramiko is used.
+  - With O(ssh_transport=paramiko), one SSH connection per node, user and credentials serves
+    every connection of a process. Ansible forks a worker per task and host, so across tasks
+    this saves nothing under C(ansible-playbook); it does inside one process that opens many
+    connections.
+  - By default (O(ssh_transport=openssh)) C(pct exec) goes through the OpenSSH client with a
+    shared master connection (C(ControlMaster=auto), C(ControlPersist)). Every worker and task
+    of a play, and the plays after it for O(control_persist) seconds, use one SSH connection
+    per node. It takes keys (or an agent), not passwords, and never asks a question; a node
+    whose host key is not in known_hosts is refused with the command that adds it. With
+    O(password) set, a become method that answers a prompt, or no C(ssh) client on the
+    controller, paramiko is used.
 author: dflash-deploy
 version_added: historical
 requirements:
@@ -282,10 +285,11 @@ options:
       - name: timeout
   ssh_transport:
     description:
-      - How C(pct exec) reaches the node. V(paramiko) opens a connection per Ansible worker
-        process; V(openssh) shares one master connection per node among all of them.
+      - How C(pct exec) reaches the node. V(openssh) shares one master connection per node
+        among all Ansible worker processes; V(paramiko) opens a connection per worker (the
+        parent plugin's way; it asks about an unknown host key on the terminal).
     type: str
-    default: paramiko
+    default: openssh
     choices: [paramiko, openssh]
     env:
       - name: DFLASH_PCT_SSH_TRANSPORT
@@ -348,6 +352,7 @@ import fcntl
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -433,6 +438,12 @@ class Connection(PctRemoteConnection):
             return False
         if self.get_option("password"):
             display.warning("dflash_pct: ssh_transport=openssh takes no password; using paramiko")
+            return False
+        if shutil.which("ssh") is None:
+            display.warning(
+                "dflash_pct: no OpenSSH client (ssh) on the controller's PATH; using paramiko "
+                "(install openssh-client, or set dflash_pct_ssh_transport: paramiko)"
+            )
             return False
         return not (self.become and self.become.expect_prompt())
 
@@ -565,8 +576,20 @@ class Connection(PctRemoteConnection):
         if done.returncode == 255 and SSH_FAILURE.search(done.stderr):
             raise AnsibleConnectionFailure(
                 f"cannot reach the Proxmox node {addr} over SSH: {to_text(done.stderr).strip()}"
+                + self._host_key_hint(done.stderr)
             )
         return done.returncode, done.stdout, done.stderr
+
+    def _host_key_hint(self, stderr: bytes) -> str:
+        """An unknown node key is refused (BatchMode asks nothing): the fix, not a prompt."""
+        if b"Host key verification failed" not in stderr:
+            return ""
+        addr, port = self.get_option("remote_addr"), self.get_option("port") or 22
+        return (
+            f"; the node's host key is not in known_hosts: check it and add it (ssh -p {port} "
+            f"root@{addr} once, or ssh-keyscan -p {port} {addr} >> ~/.ssh/known_hosts), or let "
+            "new keys be added (ANSIBLE_PARAMIKO_HOST_KEY_AUTO_ADD=true)"
+        )
 
     def _run(self, cmd: str, in_data: bytes | None, pty: bool) -> tuple[int, bytes, bytes]:
         ConnectionBase.exec_command(self, cmd, in_data=in_data)  # connects when needed
