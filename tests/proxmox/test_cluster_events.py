@@ -6,6 +6,7 @@ migration to another node. Every refusal comes before any change (no POST/PUT/DE
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -19,6 +20,7 @@ from tests.testbed.bed import Testbed
 
 from .ansible_run import run_playbook
 from .test_dflash_proxmox import changes, run
+from .test_inventory import dynamic_inventory
 
 pytestmark = pytest.mark.testbed
 
@@ -65,8 +67,9 @@ def test_a_snapshot_locks_and_freezes_the_container_and_the_module_says_so(
 ) -> None:
     vmid = bed.vmids[0]
     bed.edit_config(vmid, delete=["mp0"])  # a container Proxmox can snapshot
-    bed.set_fault("snapshot_seconds", 4)
-    # A snapshot someone else takes (pct snapshot on the node) while the deploy checks.
+    # A snapshot someone else takes (pct snapshot on the node) while the deploy checks: 30 s,
+    # 10x what the check takes, so that it still runs on a loaded machine.
+    bed.set_fault("snapshot_seconds", 30)
     with ThreadPoolExecutor(1) as pool:
         other = pool.submit(bed.ssh_run, ["pct", "snapshot", str(vmid), "by-hand"])
         deadline = time.monotonic() + 30
@@ -79,13 +82,14 @@ def test_a_snapshot_locks_and_freezes_the_container_and_the_module_says_so(
         refused = run(bed, tmp_path, {}, vmids=[vmid])[bed.hostname(vmid)]
         assert refused["failed"] is True and changes(bed, mark) == []
         assert "is locked (snapshot): a snapshot of it is being taken." in refused["msg"]
-        assert other.result(timeout=60)[0] == 0
+        assert other.result(timeout=120)[0] == 0
     assert lxc_state(bed, vmid) == "RUNNING"
     conf = bed.read_config(vmid)
     assert "lock" not in conf.current.options and conf.current.options["parent"] == "by-hand"
     assert "snapstate" not in conf.snapshots["by-hand"].options
 
     # The deploy's own snapshot of the running container: it says the trainer paused.
+    bed.set_fault("snapshot_seconds", 4)
     result = run(bed, tmp_path, {"retain": 2}, "dflash_proxmox_snapshot", vmids=[vmid])
     taken = result[bed.hostname(vmid)]
     assert not taken.get("failed"), taken
@@ -143,7 +147,11 @@ def test_a_migrated_container_is_named_with_the_node_it_is_on_now(
     bed: Testbed, tmp_path: Path
 ) -> None:
     vmid = bed.vmids[0]
+    bed.edit_config(vmid, values={"tags": "dflash"})
     bed.migrate(vmid, "pve2")
+    # The example dynamic inventory finds it on the node it is on now.
+    found = dynamic_inventory(bed, tmp_path)["_meta"]["hostvars"][bed.hostname(vmid)]
+    assert (found["proxmox_node"], found["ansible_host"]) == ("pve2", "pve2")
     # On the old node, pct says what Proxmox says.
     code, _, err = bed.ssh_run(["pct", "exec", str(vmid), "--", "true"])
     assert code == 2, err
@@ -185,3 +193,35 @@ def test_a_layout_over_the_memory_limit_is_refused_before_any_change(
     ), run.output
     assert changes(bed, mark) == []
     assert bed.attach(vmid, "ls", "-A", root).stdout.split() == ["envs"]  # the seeded envs only
+
+
+def test_an_oom_kill_in_the_container_is_reported_by_verify(
+    bed: Testbed, pct_playbook, trainer_repo
+) -> None:
+    """The bed limits the container's memory cgroup (`memory` of its config), as a node does:
+    a process over it is OOM-killed, and verify names the kill from the container's own
+    memory.oom_control (counted since the trainer started)."""
+    vmid = bed.vmids[0]
+    host, root = bed.hostname(vmid), pct_playbook.root
+    limit_mb = int(bed.read_config(vmid).current.options["memory"])
+    run = pct_playbook(
+        "deploy.yml", dflash_hosts=host, dflash_source_dir=str(trainer_repo), dflash_ref="v1",
+        dflash_launch=True,
+    )  # fmt: skip
+    try:
+        assert run.rc == 0, run.output
+        clean = pct_playbook("verify.yml", dflash_hosts=host)
+        assert clean.rc == 0, clean.output
+        # Beside the trainer, a process that goes over the limit: the kernel kills it.
+        hog = f"x = bytearray({limit_mb + 256} << 20); x[::4096] = b'1' * len(x[::4096])"
+        killed = bed.attach(vmid, "python3", "-c", hog, check=False)
+        assert killed.returncode == 137, killed
+        audit = pct_playbook("verify.yml", dflash_hosts=host)
+    finally:
+        assert pct_playbook("playbooks/stop.yml", dflash_hosts=host).rc == 0
+    assert audit.rc != 0
+    [item] = [f for f in audit.report["hosts"][host]["findings"] if f["kind"] == "oom_kill"]
+    assert item["found"] == (
+        f"1 process(es) OOM-killed by the kernel since then (the memory limit is {limit_mb} MB)"
+    )
+    assert json.loads(bed.attach(vmid, "cat", f"{root}/trainer.json").stdout)["oom_kills"] == 0

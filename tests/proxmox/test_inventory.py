@@ -40,6 +40,17 @@ def plain(value: object) -> object:
     return value
 
 
+def dynamic_inventory(bed: Testbed, tmp_path: Path) -> dict:
+    """`ansible-inventory --list` of inventory/dflash.example.proxmox.yml, as it is, on the bed."""
+    source = tmp_path / "cluster.proxmox.yml"  # the plugin reads only *.proxmox.yml
+    shutil.copy(REPO / "inventory/dflash.example.proxmox.yml", source)
+    env = {**os.environ, **plugin_env(bed), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}
+    command = [str(BIN / "ansible-inventory"), "-i", str(source), "--list"]
+    listed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    return plain(json.loads(listed.stdout))  # type: ignore[return-value]
+
+
 def test_dynamic_inventory_finds_the_tagged_containers(
     bed: Testbed, tmp_path: Path, api: ProxmoxAPI
 ) -> None:
@@ -47,13 +58,8 @@ def test_dynamic_inventory_finds_the_tagged_containers(
     api.nodes(bed.node).lxc(tagged).config.put(tags="dflash;gpu")  # tags apply at once
     api.nodes(bed.node).lxc(untagged).config.put(tags="other")
     api.nodes(bed.node).lxc(tagged).config.put(dev0="/dev/null")  # pending while it runs
-    source = tmp_path / "cluster.proxmox.yml"  # the plugin reads only *.proxmox.yml
-    shutil.copy(REPO / "inventory/dflash.example.proxmox.yml", source)
-    env = {**os.environ, **plugin_env(bed), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}
-    command = [str(BIN / "ansible-inventory"), "-i", str(source), "--list"]
-    listed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
-    assert listed.returncode == 0, listed.stderr
-    found = plain(json.loads(listed.stdout))
+    found = dynamic_inventory(bed, tmp_path)
+    source = tmp_path / "cluster.proxmox.yml"
     host = bed.hostname(tagged)
     assert found["dflash_targets"]["hosts"] == [host]
     facts = found["_meta"]["hostvars"]

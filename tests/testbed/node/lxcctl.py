@@ -15,11 +15,13 @@ Derived as pve-container src/PVE/LXC.pm `update_lxc_config` does where it matter
   container's cgroup2 device rules (after LXC's default list from common.conf) through the v1
   devices controller, which this kernel has, and drops its v1 keys as PVE 8 would ignore them;
   other `lxc.cgroup2.*` keys (memory, cpu) cannot be enforced here and are left out;
+- `memory` (and `swap`) limit the container's memory cgroup (`memory_limit`), so an
+  over-limit process is OOM-killed as on a node, and the container reads its own OOM count;
 - a Debian newer than pve-container knows (LXC/Setup/Debian.pm: above 14) starts with a warning.
 Differences on purpose: a container with a `netN` shares the node's network namespace (LXC's
 `none`) instead of a veth on the bridge: the bed's stand-in for `vmbr0`, so the containers of a
 job reach each other (and the node) at 127.0.0.1; without one it has only loopback (`empty`).
-Memory/cores are not enforced; storage volumes are folders under the bed.
+Cores (cpuset) are not enforced; storage volumes are folders under the bed.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ DEFAULT_DEVICE_RULES = [
     ("allow", "c 5:1 rwm"), ("allow", "c 5:2 rwm"), ("allow", "c 1:8 rwm"),
     ("allow", "c 1:9 rwm"), ("allow", "c 136:* rwm"), ("allow", "c 10:229 rwm"),
 ]  # fmt: skip
+# The node's memory controller: cgroup v1's folder, or cgroup v2's list of controllers.
+MEMCG_V1 = Path("/sys/fs/cgroup/memory")
+CGROUP_V2_CONTROLLERS = Path("/sys/fs/cgroup/cgroup.controllers")
 DEBIAN_MAXIMUM_RELEASE = 14  # LXC/Setup/Debian.pm, a soft limit: a newer one warns
 
 
@@ -85,6 +90,45 @@ def mount_source(node: NodeConfig, key: str, value: str, unpriv: bool) -> tuple[
     return source, target, mount.get("ro") in ("1", "true", "yes", "on")
 
 
+def memory_limit(vmid: int, opts: dict[str, str], shared_net: bool) -> list[str]:
+    """LXC.pm `update_lxc_config`: the container's memory limit from `memory`, and memory +
+    swap from `swap` (`// 0`), in the keys of the node's cgroup version, so the kernel
+    OOM-kills inside a container that goes over it. A container that sees the node's /sys
+    (shared network) gets its own memory cgroup bound over the node's, as its cgroup
+    namespace shows it on Proxmox VE 8: its memory.oom_control counts its own OOM kills.
+    (PVE 8's cgroup v2 `memory.high`, a soft limit at a fraction of `memory`, is left out.)"""
+    memory, swap = int(opts.get("memory", "512")), int(opts.get("swap", "0"))
+    if (MEMCG_V1 / "memory.limit_in_bytes").exists():
+        lines = [f"lxc.cgroup.memory.limit_in_bytes = {memory << 20}"]
+        if (MEMCG_V1 / "memory.memsw.limit_in_bytes").exists():  # swap accounting on
+            lines.append(f"lxc.cgroup.memory.memsw.limit_in_bytes = {(memory + swap) << 20}")
+        if shared_net:
+            own = MEMCG_V1 / f"lxc.payload.{vmid}"
+            lines.append(f"lxc.mount.entry = {own} sys/fs/cgroup/memory none bind 0 0")
+        return lines
+    if CGROUP_V2_CONTROLLERS.exists() and "memory" in CGROUP_V2_CONTROLLERS.read_text().split():
+        return [f"lxc.cgroup2.memory.max = {memory << 20}",
+                f"lxc.cgroup2.memory.swap.max = {swap << 20}"]  # fmt: skip
+    return []
+
+
+def change_memory_limit(vmid: int, opts: dict[str, str]) -> None:
+    """LXC/Cgroup.pm `change_memory_limit`, as `vmconfig_hotplug_pending` runs it for a
+    `memory` or `swap` set on a running container (cgroup v1: memory + swap may never be
+    below memory, so the order of the two writes follows the direction of the change)."""
+    folder = MEMCG_V1 / f"lxc.payload.{vmid}"
+    if not (folder / "memory.limit_in_bytes").exists():
+        return
+    memory, swap = int(opts.get("memory", "512")), int(opts.get("swap", "0"))
+    writes = [("memory.memsw.limit_in_bytes", (memory + swap) << 20),
+              ("memory.limit_in_bytes", memory << 20)]  # fmt: skip
+    if memory << 20 < int((folder / "memory.limit_in_bytes").read_text()):
+        writes.reverse()
+    for name, value in writes:
+        if (folder / name).exists():
+            (folder / name).write_text(str(value))
+
+
 def derive_lxc_config(vmid: int, section: Section, node: NodeConfig) -> str:
     ct_dir = node.lxcpath / str(vmid)
     opts = section.options
@@ -110,6 +154,7 @@ def derive_lxc_config(vmid: int, section: Section, node: NodeConfig) -> str:
     ]
     if shared_net:
         lines.append("lxc.mount.entry = /sys sys none rbind,ro,create=dir 0 0")
+    lines += memory_limit(vmid, opts, shared_net)
     if unpriv:
         lines += [f"lxc.idmap = u 0 {ID_SHIFT} 65536", f"lxc.idmap = g 0 {ID_SHIFT} 65536"]
     if opts.get("arch"):

@@ -25,8 +25,8 @@ from .tasks import TaskLog
 
 # pve-container src/PVE/LXC/Config.pm `$LXC_FASTPLUG_OPTIONS`, plus what
 # `vmconfig_hotplug_pending` changes on a running container (limits and network; the bed
-# enforces neither; a new mpN: see `set_config`). Everything else set on a running container
-# waits in [pve:pending].
+# enforces the memory limit, not cores or the network; a new mpN: see `set_config`).
+# Everything else set on a running container waits in [pve:pending].
 HOTPLUG = {"description", "onboot", "startup", "protection", "hostname", "hookscript", "cores",
            "tags", "lock", "memory", "swap", "cpulimit", "cpuunits"}  # fmt: skip
 
@@ -102,24 +102,19 @@ class Node(Snapshots):
         """The cluster's members: each has its folder under /etc/pve/nodes (pmxcfs)."""
         return sorted(p.name for p in (self.cfg.etc_pve / "nodes").iterdir() if p.is_dir())
 
+    def peer(self, name: str) -> PeerNode | None:
+        """Another member of the cluster, as a call proxied to it would see it."""
+        if name == self.cfg.node or name not in self.cluster_nodes():
+            return None
+        cfg = self.cfg
+        return PeerNode(NodeConfig(name, cfg.root, cfg.base_rootfs, cfg.shifted_rootfs,
+                                   cfg.api_port))  # fmt: skip
+
     def elsewhere(self) -> list[dict[str, object]]:
         """Containers whose config is under another node's folder (one migrated there), as
-        /cluster/resources lists them. The bed runs no second node: such a container is shown
-        as running there, as after an online or restart migration."""
-        found = []
-        for name in self.cluster_nodes():
-            if name == self.cfg.node:
-                continue
-            store = ConfigStore(self.cfg.etc_pve, name)
-            for vmid in store.vmids():
-                options = store.load(vmid).current.options
-                found.append({
-                    "vmid": vmid, "node": name, "status": "running", "type": "lxc",
-                    "name": options.get("hostname", f"CT{vmid}"),
-                    "maxmem": int(options.get("memory", "512")) * 1024 * 1024,
-                    "cpus": int(options.get("cores", "1")),
-                })  # fmt: skip
-        return found
+        /cluster/resources lists them."""
+        peers = [self.peer(name) for name in self.cluster_nodes()]
+        return [{**c, "node": p.cfg.node} for p in peers if p is not None for c in p.list()]
 
     def migrate(self, vmid: int, target: str) -> None:
         """LXC/Migrate.pm, a restart migration as the bed can do it: the container stopped
@@ -215,6 +210,8 @@ class Node(Snapshots):
             if pending_delete:
                 conf.pending.options["delete"] = ",".join(dict.fromkeys(pending_delete))
             self.store.write(vmid, conf)
+            if live and {"memory", "swap"} & set(values):  # LXC.pm `vmconfig_hotplug_pending`
+                lxcctl.change_memory_limit(vmid, conf.current.options)
             for key in sorted(conf.current.options):  # LXC.pm `update_lxc_config`
                 if DEVN.fullmatch(key):
                     check_device(key, conf.current.options[key])
@@ -306,3 +303,28 @@ class Node(Snapshots):
 
     def run(self, task: Task, log: TaskLog) -> None:
         getattr(self, task.op)(log, *task.args)
+
+
+class PeerNode(Node):
+    """Another node of the cluster: the configs in its folder (containers migrated there) are
+    its own. The bed runs no second node, so each of them is shown as running, as after an
+    online or restart migration; API2 answers its reads as the node would once pveproxy has
+    proxied the call there (AnyEvent.pm `proxy_request`)."""
+
+    def running(self, vmid: int) -> bool:
+        self.load(vmid)
+        return True
+
+    def status(self, vmid: int) -> dict[str, object]:
+        options = self.load(vmid).current.options
+        data: dict[str, object] = {
+            "vmid": vmid, "name": options.get("hostname", f"CT{vmid}"), "status": "running",
+            "type": "lxc", "maxmem": int(options.get("memory", "512")) * 1024 * 1024,
+            "maxswap": int(options.get("swap", "512")) * 1024 * 1024,
+            "cpus": int(options.get("cores", "1")), "uptime": 0, "template": 0,
+            "ha": {"managed": 0},
+        }  # fmt: skip
+        for key in ("lock", "tags"):
+            if key in options:
+                data[key] = options[key]
+        return data

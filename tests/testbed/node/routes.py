@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import unquote
 
 from . import tasks
@@ -102,14 +102,19 @@ def find(method: str, path: str) -> tuple[Route, dict[str, str]] | None:
 
 
 def handle(req: Request, found: Route) -> object:
-    """Permission check, then the node check (another node would be proxied), then the call."""
+    """Permission check, then the node check, then the call. A read for another node of the
+    cluster is answered as that node would (pveproxy proxies it there); the bed runs no second
+    node to change anything on, so other calls for one fail as for a node out of reach."""
     if found.perm is not None:
         template, privs, any_of = found.perm
         path = re.sub(r"\{(\w+)\}", lambda m: req.params[m.group(1)], template)
         if message := req.denied(path, privs, any_of):
             raise PveError(message, code=403)
     other = req.params.get("node")
-    if other is not None and other != req.node.cfg.node:
+    peer = req.node.peer(other) if other is not None else None
+    if peer is not None and found.method == "get":
+        req = replace(req, node=peer)
+    elif other is not None and other != req.node.cfg.node:
         raise PveError(f"hostname lookup '{other}' failed - failed to get address info for: "
                        f"{other}: Name or service not known")  # fmt: skip
     return found.handler(req)
