@@ -145,9 +145,10 @@ def test_one_ssh_client_serves_every_connection_of_a_process(bed: Testbed) -> No
 
 
 def test_openssh_transport_shares_one_connection_per_node(bed: Testbed, tmp_path: Path) -> None:
-    """ssh_transport=openssh: every task of a play on every container, each in its own Ansible
-    worker process, runs over one SSH connection to the node (its ControlMaster); what goes on
-    stdin still arrives intact, a module task is still one pct exec, and put/fetch round-trip."""
+    """ssh_transport=openssh (the default): every task of a play on every container, each in
+    its own Ansible worker process, runs over one SSH connection to the node (its
+    ControlMaster); what goes on stdin still arrives intact, a module task is still one pct
+    exec, and put/fetch round-trip."""
     (tmp_path / "library").mkdir()
     (tmp_path / "library" / "stdin_probe.py").write_text(PROBE)
     blob = "".join(random.Random(7).choices("abcdefghijklmnopqrstuvwxyz", k=1 << 20))
@@ -186,7 +187,7 @@ def test_openssh_transport_shares_one_connection_per_node(bed: Testbed, tmp_path
 
 
 def test_the_paramiko_transport_opens_a_connection_per_worker(bed: Testbed, tmp_path: Path) -> None:
-    """The default (paramiko), for the comparison: each Ansible worker its own connection."""
+    """paramiko, for the comparison: each Ansible worker its own connection."""
     (tmp_path / "library").mkdir()
     (tmp_path / "library" / "stdin_probe.py").write_text(PROBE)
     paramiko = {"dflash_pct_ssh_transport": "paramiko"}  # whatever DFLASH_PCT_SSH_TRANSPORT says
@@ -195,3 +196,22 @@ def test_the_paramiko_transport_opens_a_connection_per_worker(bed: Testbed, tmp_
     run = run_playbook(probe_play("x"), inventory, tmp_path)
     assert run.rc == 0, (run.output, run.stderr[-3000:])
     assert len(bed.ssh_connections(mark)) >= 4 * len(bed.vmids)  # a worker per task and host
+
+
+def test_an_unknown_node_key_is_refused_with_the_command_that_adds_it(
+    bed: Testbed, tmp_path: Path
+) -> None:
+    """Over OpenSSH (the default) host keys are checked without a question (BatchMode): a node
+    not in known_hosts is unreachable, and the message says how to add its key."""
+    home = tmp_path / "home"  # an empty ~/.ssh/known_hosts, whatever this machine's has
+    (home / ".ssh").mkdir(parents=True)
+    control = tempfile.mkdtemp(prefix="cp", dir="/tmp")  # a socket path is short
+    checked = {"ansible_host_key_checking": True, "dflash_pct_control_path_dir": control}
+    inventory = bed.inventory(tmp_path / "inventory.yml", vmids=bed.vmids[:1], group_vars=checked)
+    play = [{"hosts": "all", "gather_facts": False,
+             "tasks": [{"name": "ping", "ansible.builtin.ping": {}}]}]  # fmt: skip
+    run = run_playbook(play, inventory, tmp_path, env={"HOME": str(home)})
+    [result] = run.results("ping").values()
+    assert result["unreachable"] is True, result
+    assert "Host key verification failed" in result["msg"]
+    assert f"ssh-keyscan -p {bed.port} {bed.host} >> ~/.ssh/known_hosts" in result["msg"]
