@@ -480,3 +480,38 @@ def test_the_containers_of_a_node_are_checked_in_one_session(bed: Testbed, tmp_p
     assert len(posts) == 2 and max(posts) < min(waits)
     # the secret never reaches the output
     assert bed.token_secret() not in json.dumps(result.output)
+
+
+def test_the_role_checks_the_containers_when_the_first_host_is_not_one(
+    bed: Testbed, tmp_path: Path
+) -> None:
+    """A play whose first host has no proxmox_vmid (reached over SSH, or local): the check
+    still runs once for the containers after it, and that host skips it."""
+    plain = tmp_path / "plain.yml"
+    plain.write_text(json.dumps({"all": {"hosts": {"aaa-plain": {
+        "ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"
+    }}}}))  # fmt: skip
+    play = {
+        "name": "the dflash_proxmox role over a mixed play",
+        "hosts": "all",
+        "gather_facts": False,
+        "vars": {"dflash_env_lock": {}},
+        "tasks": [
+            {"name": "check", "ansible.builtin.import_role": {
+                "name": "dflash_proxmox", "rolespec_validate": False}},  # as deploy.yml does
+            {"name": "answer", "ansible.builtin.debug": {
+                "msg": "{{ dflash_proxmox_result.status | default('none') }}"}},
+        ],
+    }  # fmt: skip
+    mark = bed.trace_mark()
+    result = run_playbook([play], [plain, bed.inventory()], tmp_path)
+    assert result.rc == 0, [
+        (task["task"]["name"], host, answer.get("msg"))
+        for task in result.output["plays"][0]["tasks"]
+        for host, answer in task["hosts"].items()
+        if answer.get("failed")
+    ]
+    said = {host: r["msg"] for host, r in result.results("answer").items()}
+    assert said == {"aaa-plain": "none", **{bed.hostname(v): "running" for v in bed.vmids}}
+    paths = [(e["subcommand"], e["path"]) for e in bed.api_calls(mark)]
+    assert paths.count(("get", "/version")) == 1
