@@ -68,7 +68,7 @@ class Node(Snapshots):
     def status(self, vmid: int) -> dict[str, object]:
         """src/PVE/LXC.pm `vmstatus`, the fields the bed knows."""
         conf = self.load(vmid).current
-        state, pid = lxcctl.info(self.cfg, vmid)
+        state, pid = self.lxc_state(vmid)
         data: dict[str, object] = {
             "vmid": vmid,
             "name": conf.options.get("hostname", f"CT{vmid}"),
@@ -130,7 +130,11 @@ class Node(Snapshots):
         self.store.path(vmid).rename(folder / f"{vmid}.conf")
 
     def running(self, vmid: int) -> bool:
-        return lxcctl.info(self.cfg, vmid)[0] == "running"
+        return self.lxc_state(vmid)[0] == "running"
+
+    def lxc_state(self, vmid: int) -> tuple[str, int | None]:
+        """What LXC says of the container here: its state and its init's pid."""
+        return lxcctl.info(self.cfg, vmid)
 
     # --- config ----------------------------------------------------------------------------
     def config(self, vmid: int, snapshot: str | None = None, current: bool = False
@@ -311,20 +315,6 @@ class PeerNode(Node):
     online or restart migration; API2 answers its reads as the node would once pveproxy has
     proxied the call there (AnyEvent.pm `proxy_request`)."""
 
-    def running(self, vmid: int) -> bool:
+    def lxc_state(self, vmid: int) -> tuple[str, int | None]:
         self.load(vmid)
-        return True
-
-    def status(self, vmid: int) -> dict[str, object]:
-        options = self.load(vmid).current.options
-        data: dict[str, object] = {
-            "vmid": vmid, "name": options.get("hostname", f"CT{vmid}"), "status": "running",
-            "type": "lxc", "maxmem": int(options.get("memory", "512")) * 1024 * 1024,
-            "maxswap": int(options.get("swap", "512")) * 1024 * 1024,
-            "cpus": int(options.get("cores", "1")), "uptime": 0, "template": 0,
-            "ha": {"managed": 0},
-        }  # fmt: skip
-        for key in ("lock", "tags"):
-            if key in options:
-                data[key] = options[key]
-        return data
+        return "running", None
