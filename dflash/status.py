@@ -57,6 +57,10 @@ class StatusFile:
             # The median-step tokens/s of the last completed windows, oldest first, and the
             # steps' own noise (MAD over median): what verify.yml judges a drop by.
             "throughput_windows": [],
+            # The same with the time the trainer's threads waited for a CPU left out (a busy
+            # host is not a slower trainer: dflash.cpu_wait), windows and rolling figure.
+            "throughput_windows_unstarved": [],
+            "unstarved_tokens_per_s": None,
             "step_spread": None,
             "loss": None,
             "started_at": utc_now(),

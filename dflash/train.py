@@ -31,6 +31,7 @@ from dflash.assemble import build_server, build_trainer
 from dflash.cluster import Cluster, job_fields, torchrun_rank
 from dflash.compile_watch import CacheSuspect, CacheWatch
 from dflash.config import TrainConfig
+from dflash.cpu_wait import ThreadClock, unstarved_seconds
 from dflash.errors import ConfigError
 from dflash.flags import train_parser
 from dflash.provenance import code_tree_sha256, header_lines
@@ -88,33 +89,49 @@ class Throughput:
     # several consecutive windows (one slow window on a busy host is not drift).
     KEPT_WINDOWS = 8
 
-    def __init__(self, window: int = 20) -> None:
-        self.steps: deque[tuple[float, int]] = deque(maxlen=window)
+    def __init__(self, window: int = 20, clock: ThreadClock | None = None) -> None:
+        # (wall s, tokens, wall s without the threads' wait for a CPU) of each step
+        self.steps: deque[tuple[float, int, float]] = deque(maxlen=window)
         self.last = time.monotonic()
+        self.clock = clock or ThreadClock()
         self.count = 0
-        self.filling: list[float] = []  # tokens/s of each step of the window being filled
+        # tokens/s of each step of the window being filled: as measured, and unstarved
+        self.filling: list[tuple[float, float]] = []
         self.windows: deque[float] = deque(maxlen=self.KEPT_WINDOWS)
+        # The same windows with the time the trainer waited for a CPU left out: what verify
+        # judges, so that a busy host is not read as a slower trainer.
+        self.unstarved_windows: deque[float] = deque(maxlen=self.KEPT_WINDOWS)
 
     def add(self, num_tokens: int) -> float:
         now = time.monotonic()
-        self.steps.append((now - self.last, num_tokens))
+        wall = now - self.last
+        self.steps.append((wall, num_tokens, unstarved_seconds(wall, self.clock.step())))
         self.last = now
         self.count += 1
         if self.count == 2:
             self.steps.popleft()
         if self.count >= 2:  # the first step (compilation) is no window's
-            self.filling.append(num_tokens / max(1e-9, self.steps[-1][0]))
+            _, _, unstarved = self.steps[-1]
+            self.filling.append((num_tokens / max(1e-9, wall), num_tokens / max(1e-9, unstarved)))
             if len(self.filling) == self.steps.maxlen:
                 # A window's median step: a single stall does not move it.
-                self.windows.append(round(statistics.median(self.filling), 1))
+                measured, unstarved_rates = zip(*self.filling, strict=True)
+                self.windows.append(round(statistics.median(measured), 1))
+                self.unstarved_windows.append(round(statistics.median(unstarved_rates), 1))
                 self.filling = []
-        return sum(n for _, n in self.steps) / max(1e-9, sum(dt for dt, _ in self.steps))
+        return sum(n for _, n, _ in self.steps) / max(1e-9, sum(dt for dt, _, _ in self.steps))
+
+    @property
+    def unstarved_tokens_per_s(self) -> float:
+        """The rolling figure with the steps' wait for a CPU left out (dflash.cpu_wait)."""
+        seconds = sum(unstarved for _, _, unstarved in self.steps)
+        return round(sum(n for _, n, _ in self.steps) / max(1e-9, seconds), 1)
 
     @property
     def step_spread(self) -> float | None:
         """The steps' own noise: the median absolute deviation of the window's per-step tokens/s
         over their median. The health check records it; verify's band is drawn from it."""
-        rates = [n / dt for dt, n in self.steps if dt > 0]
+        rates = [n / dt for dt, n, _ in self.steps if dt > 0]
         if len(rates) < 3:
             return None
         middle = statistics.median(rates)
@@ -127,7 +144,7 @@ class Throughput:
     @property
     def median_step_s(self) -> float:
         """The median step of the window: the supervisor's hang limit scales with it."""
-        return statistics.median(dt for dt, _ in self.steps)
+        return statistics.median(dt for dt, _, _ in self.steps)
 
     @property
     def window(self) -> dict[str, int | None]:
@@ -176,6 +193,8 @@ def train(
             tokens_per_s=round(tokens_per_s, 1),
             throughput_window=throughput.window,
             throughput_windows=list(throughput.windows),
+            throughput_windows_unstarved=list(throughput.unstarved_windows),
+            unstarved_tokens_per_s=throughput.unstarved_tokens_per_s,
             step_spread=throughput.step_spread,
             stages=means,
             compile_cache=cache.report(),

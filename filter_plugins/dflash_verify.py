@@ -23,6 +23,8 @@ BAND_FLOOR = 0.5
 # with n = 20, is 1.25 x the reference's step spread (MAD over median).
 SPREAD_TO_BAND = 1.25
 DIFF_FASTEST = "ansible-playbook diff.yml -e dflash_diff_from=fastest"
+# A wait for a CPU under 5% of a window is the run queue's everyday noise, not worth a line.
+WAIT_NOISE = 0.95
 
 
 def _speed(value: Any) -> str:
@@ -160,19 +162,43 @@ def band(min_ratio: float, reference: dict | None) -> float:
     return round(max(BAND_FLOOR, min(min_ratio, 1 - SPREAD_TO_BAND * spread)), 3)
 
 
-def _judged_speed(status: dict) -> tuple[float | None, str]:
-    """The figure a verdict is given on, and over what: the fastest of the last CONSECUTIVE
-    completed windows (a drop must hold over all of them), or for a trainer that writes no
-    windows (an older release) its rolling figure."""
+def _judged_speed(status: dict) -> tuple[float | None, float | None, str]:
+    """The figure a verdict is given on, the same as measured, and over what: the fastest of
+    the last CONSECUTIVE completed windows (a drop must hold over all of them), with the time
+    the trainer waited for a CPU left out where it says (a busy host is not a slower trainer);
+    for a trainer that writes no windows (an older release) its rolling figure."""
     windows = status.get("throughput_windows")
     if windows is None:
         steps = _window(status)["steps"]
-        return status.get("tokens_per_s"), f"the last {steps} steps"
+        return status.get("tokens_per_s"), status.get("tokens_per_s"), f"the last {steps} steps"
     if len(windows) < CONSECUTIVE:
-        return None, f"too early to judge: {len(windows)} of {CONSECUTIVE} windows measured"
+        return None, None, f"too early to judge: {len(windows)} of {CONSECUTIVE} windows measured"
     size = (status.get("throughput_window") or {}).get("size") or DEFAULT_WINDOW
-    return max(windows[-CONSECUTIVE:]), (
-        f"the last {CONSECUTIVE} windows of {size} steps (the fastest window's median step)"
+    unstarved = status.get("throughput_windows_unstarved") or []
+    judged = unstarved if len(unstarved) == len(windows) else windows
+    return (
+        max(judged[-CONSECUTIVE:]),
+        max(windows[-CONSECUTIVE:]),
+        (f"the last {CONSECUTIVE} windows of {size} steps (the fastest window's median step)"),
+    )
+
+
+def reference_speed(ref: dict) -> float | None:
+    """A reference's tokens/s as a window is compared with it: with the wait for a CPU left out
+    where its health check recorded that, else as measured."""
+    return ref.get("unstarved_tokens_per_s") or ref.get("tokens_per_s")
+
+
+def cpu_wait_line(judged: object, measured: object) -> str | None:
+    """What the judged figure leaves out, when that is more than noise."""
+    if not isinstance(judged, (int, float)) or not isinstance(measured, (int, float)):
+        return None
+    if judged <= 0 or measured >= WAIT_NOISE * judged:
+        return None
+    return (
+        f"{_speed(measured)} tokens/s as measured: the trainer waited for a CPU "
+        f"{1 - measured / judged:.0%} of the time (a busy host), left out of the "
+        f"{_speed(judged)} judged"
     )
 
 
@@ -201,17 +227,19 @@ def throughput_view(facts: dict, min_ratio: float = 0.8, heartbeat_max_age: floa
         return dict(view, note=f"the trainer is {status.get('state') or 'without status.json'}")
     if status.get("code_tree_sha256") != tree:
         return dict(view, note="the trainer runs another release than current")
-    judged, over = _judged_speed(status)
+    judged, measured, over = _judged_speed(status)
     view.update(
         tokens_per_s=status.get("tokens_per_s"),
         judged_tokens_per_s=judged,
+        measured_tokens_per_s=measured,
+        cpu_wait=cpu_wait_line(judged, measured),
         window=_window(status),
         windows=status.get("throughput_windows"),
         stages=status.get("stages"),
         slowest_stage=slowest_stage(status.get("stages")),
     )
     for key in ("health_check", "fastest"):
-        then = (view[key] or {}).get("tokens_per_s")
+        then = reference_speed(view[key] or {})
         if isinstance(judged, (int, float)) and then:
             view["ratios"][key] = round(judged / then, 3)
             view["bands"][key] = band(min_ratio, view[key])
@@ -247,14 +275,14 @@ def throughput_findings(
     expected, found = [], []
     if check:
         expected.append(
-            f">= {bands['health_check']:g} x {_speed(check['tokens_per_s'])} tokens/s "
+            f">= {bands['health_check']:g} x {_speed(reference_speed(check))} tokens/s "
             f"(health check of {_named(check)})"
         )
         found.append(f"x{ratios['health_check']:g} of the health check")
     if fastest:
         which = "this deployment" if fastest.get("current") else _named(fastest)
         expected.append(
-            f">= {bands['fastest']:g} x {_speed(fastest['tokens_per_s'])} tokens/s "
+            f">= {bands['fastest']:g} x {_speed(reference_speed(fastest))} tokens/s "
             f"(fastest of this layout and shape: {which})"
         )
         found.append(f"x{ratios['fastest']:g} of the fastest")
@@ -273,7 +301,7 @@ def throughput_findings(
             "; ".join(expected),
             f"{_speed(view['judged_tokens_per_s'])} tokens/s "
             f"{view['note'].removeprefix('judged ')} at step {trainer.get('step')} "
-            f"({', '.join(found)})",
+            f"({', '.join(found)})" + (f"; {view['cpu_wait']}" if view.get("cpu_wait") else ""),
             (
                 f"{data_moved} (against the {'fastest' if fastest else 'health check'}); "
                 if data_moved
@@ -315,7 +343,7 @@ def _reference(ref: dict | None, ratio: float | None) -> str:
     if not ref:
         return "-"
     which = "this deployment" if ref.get("current") else f"#{ref['number']} {ref['release']}"
-    return f"{_speed(ref['tokens_per_s'])} ({which}{f', x{ratio:g}' if ratio else ''})"
+    return f"{_speed(reference_speed(ref))} ({which}{f', x{ratio:g}' if ratio else ''})"
 
 
 def verify_summary_lines(summary: dict) -> list[str]:
@@ -342,6 +370,8 @@ def verify_summary_lines(summary: dict) -> list[str]:
         f"{_reference(speed['fastest'], speed['ratios'].get('fastest'))} | slowest stage "
         + (f"{slowest['name']} {slowest['seconds']:.3f} s" if slowest else "-")
     )
+    if speed.get("cpu_wait"):
+        lines.append(speed["cpu_wait"])
     lines.extend(f"check {name}: {text}" for name, text in summary["checks"].items())
     return lines
 

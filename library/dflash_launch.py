@@ -290,6 +290,7 @@ def record_healthy(root: str, params: dict, manifest: dict, release: str, status
     # The data as the trainer itself read them, in place of what the deploy found at the path.
     data = status.get("data") or params["record"].get("data")
     fields = dict(params["record"], run_id=run_id, tokens_per_s=status.get("tokens_per_s"),
+                  unstarved_tokens_per_s=status.get("unstarved_tokens_per_s"),
                   step_spread=status.get("step_spread"), stages=status.get("stages"), data=data,
                   **extra)  # fmt: skip
     entry = history_entry(

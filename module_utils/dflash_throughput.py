@@ -135,6 +135,8 @@ def reference(history: list[dict], index: int) -> dict:
         "action": entry.get("action"),
         "time": entry.get("time"),
         "tokens_per_s": entry.get("tokens_per_s"),
+        # The same with the trainer's wait for a CPU left out (a busy host at the health check).
+        "unstarved_tokens_per_s": entry.get("unstarved_tokens_per_s"),
         # Its steps' own noise at the health check (MAD over median): verify's band.
         "step_spread": entry.get("step_spread"),
         "stages": entry.get("stages"),

@@ -168,4 +168,5 @@ def record_tokens_per_s(root: Path, release: str, tokens_per_s: float) -> None:
         i for i, e in enumerate(lines) if e["release"] == release and e["result"] == "healthy"
     )
     lines[index]["tokens_per_s"] = tokens_per_s
+    lines[index]["unstarved_tokens_per_s"] = tokens_per_s  # what verify compares windows with
     path.write_text("".join(json.dumps(line, sort_keys=True) + "\n" for line in lines))

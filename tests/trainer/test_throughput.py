@@ -35,3 +35,30 @@ def test_completed_windows_are_median_steps_and_a_stall_does_not_move_one(
         meter.add(100)
     assert list(meter.windows) == [100.0, 100.0, 50.0]
     assert meter.step_spread == 0.0  # the last four steps were alike
+
+
+class FakeClock:
+    """ThreadClock's answers, one per step: (the busiest thread ran, the longest wait)."""
+
+    def __init__(self, steps: list[tuple[float, float]]) -> None:
+        self.steps = iter(steps)
+
+    def step(self) -> tuple[float, float]:
+        return next(self.steps)
+
+
+def test_unstarved_windows_leave_out_the_wait_for_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window whose steps took 2 s, 1.5 s of it waiting for a CPU, is 4x faster unstarved; a
+    window of stopped steps (no wait) stays as slow as measured."""
+    steps = [(50.0, (50.0, 0.0))] + [(2.0, (0.5, 1.5))] * 4 + [(2.0, (0.5, 0.0))] * 4
+    times = [0.0]
+    for wall, _ in steps:
+        times.append(times[-1] + wall)
+    clock = iter(times)
+    monkeypatch.setattr(train.time, "monotonic", lambda: next(clock))
+    meter = train.Throughput(window=4, clock=FakeClock([cpu for _, cpu in steps]))
+    for _ in steps:
+        meter.add(100)
+    assert list(meter.windows) == [50.0, 50.0]
+    assert list(meter.unstarved_windows) == [200.0, 50.0]
+    assert meter.unstarved_tokens_per_s == 50.0  # the last four steps, stopped, not starved

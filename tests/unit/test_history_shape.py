@@ -153,6 +153,7 @@ def test_references_name_the_health_check_and_the_fastest_comparable():
         "number": 3, "release": "v3", "action": "deploy", "time": history[2]["time"],
         "tokens_per_s": 4000.0, "stages": history[2]["stages"], "data": None,
         "step_spread": None,  # a line from before the health check recorded its steps' noise
+        "unstarved_tokens_per_s": None,  # ... and its wait for a CPU
     }  # fmt: skip
     assert (refs["fastest"]["number"], refs["fastest"]["current"]) == (1, False)
     alone = throughput_references(history[:1], 0)

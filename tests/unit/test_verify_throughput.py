@@ -204,3 +204,41 @@ def test_a_stage_that_shrank_is_never_named_as_the_one_that_grew():
     now = dict(STAGES_THEN, optimizer=0.005, step=0.19)
     hint = grown_stage(now, STAGES_THEN)
     assert "grew most" not in hint and "outside the timed stages" in hint
+
+
+def test_the_wait_for_a_cpu_is_left_out_of_what_is_judged():
+    """Windows as measured at a third of the health check, but the trainer waited for a CPU
+    two thirds of the time: a busy host, judged ok with the measured figure named; the same
+    windows with no wait (a stopped or slower trainer) are drift."""
+    busy = facts(now=330.0, throughput_windows=[330.0, 320.0, 335.0],
+                 throughput_windows_unstarved=[990.0, 960.0, 1000.0])  # fmt: skip
+    assert throughput_findings(busy, 0.8) == []
+    view = throughput_view(busy, 0.8)
+    assert view["judged_tokens_per_s"] == 1000.0 and view["measured_tokens_per_s"] == 335.0
+    assert view["cpu_wait"] == (
+        "335 tokens/s as measured: the trainer waited for a CPU 66% of the time (a busy host), "
+        "left out of the 1000 judged"
+    )
+    assert view["cpu_wait"] in verify_summary_lines(verify_summary(busy, 0.8))
+    stopped = facts(now=330.0, throughput_windows=[330.0, 320.0, 335.0],
+                    throughput_windows_unstarved=[331.0, 321.0, 336.0])  # fmt: skip
+    [item] = throughput_findings(stopped, 0.8)
+    assert item["tokens_per_s"] == 336.0 and "waited for a CPU" not in item["found"]
+    # A health check on a busy host is compared by its own figure with the wait left out.
+    busy_check = copy.deepcopy(busy)
+    for key in ("health_check", "fastest"):
+        busy_check["throughput_references"][key]["unstarved_tokens_per_s"] = 2000.0
+    [item] = throughput_findings(busy_check, 0.8)
+    assert item["ratios"]["health_check"] == 0.5
+    assert item["expected"].startswith(">= 0.8 x 2000 tokens/s (health check of #2 v2")
+    assert item["found"].endswith(
+        "; 335 tokens/s as measured: the trainer waited for a CPU 66% of the time (a busy "
+        "host), left out of the 1000 judged"
+    )
+
+
+def test_windows_of_an_older_trainer_without_unstarved_figures_are_judged_as_measured():
+    old = facts(now=300.0, throughput_windows=[300.0, 310.0, 305.0])
+    [item] = throughput_findings(old, 0.8)
+    assert item["tokens_per_s"] == 310.0
+    assert throughput_view(old, 0.8)["cpu_wait"] is None
