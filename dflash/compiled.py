@@ -14,5 +14,6 @@ module those import, and every file that assigns into torch must be named here.
 FILES = (
     "dflash/mask.py",
     "dflash/model.py",
+    "dflash/objective.py",
     "dflash/step.py",
 )

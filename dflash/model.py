@@ -9,6 +9,7 @@ they are neither trained nor saved in checkpoints.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -88,8 +89,21 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | BlockMask) -> Tensor:
     """flex_attention with a block mask on the GPU, block-wise SDPA with a dense mask elsewhere."""
     if isinstance(mask, BlockMask):
-        return compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=True)
+        # Inside a compiled layer Dynamo compiles flex_attention with the layer; the cached
+        # compiled function is for eager callers (Dynamo does not trace a functools.cache).
+        flex = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
+        return flex(q, k, v, block_mask=mask, enable_gqa=True)
     return blockwise_sdpa(q, k, v, mask)
+
+
+class RMSNorm(nn.RMSNorm):
+    """nn.RMSNorm whose fp32 master weight meets a bf16 input (autocast) in the input's dtype,
+    so the fused kernel runs (it refuses mixed dtypes); the gradient still reaches the fp32
+    weight through the cast."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        weight = None if self.weight is None else self.weight.to(x.dtype)
+        return F.rms_norm(x, self.normalized_shape, weight, self.eps)
 
 
 def blockwise_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
@@ -125,8 +139,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
         self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
-        self.q_norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
-        self.k_norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+        self.q_norm = RMSNorm(d, eps=cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, eps=cfg.rms_norm_eps)
 
     def forward(
         self,
@@ -163,9 +177,9 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()
-        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
     def forward(
@@ -186,9 +200,9 @@ class Drafter(nn.Module):
         self.cfg = cfg
         h = cfg.hidden_size
         self.fc = nn.Linear(cfg.num_features * h, h, bias=False)
-        self.hidden_norm = nn.RMSNorm(h, eps=cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(h, eps=cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = nn.RMSNorm(h, eps=cfg.rms_norm_eps)
+        self.norm = RMSNorm(h, eps=cfg.rms_norm_eps)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=cfg.init_std)
@@ -197,9 +211,15 @@ class Drafter(nn.Module):
         self.register_buffer("lm_head_weight", lm_head_weight.detach(), persistent=False)
 
     def forward(
-        self, features: Tensor, block_ids: Tensor, block_pos: Tensor, mask: Tensor | BlockMask
+        self,
+        features: Tensor,
+        block_ids: Tensor,
+        block_pos: Tensor,
+        mask: Tensor | BlockMask,
+        layers: Sequence[Callable[..., Tensor]] | None = None,
     ) -> Tensor:
-        """features [b, S, n*H], block ids and RoPE positions [b, Q] -> final hidden [b, Q, H]."""
+        """features [b, S, n*H], block ids and RoPE positions [b, Q] -> final hidden [b, Q, H].
+        `layers` runs the decoder layers in place of `self.layers` (their compiled forms)."""
         ctx = self.hidden_norm(self.fc(features))
         x = F.embedding(block_ids, self.embed_weight)
         ctx_pos = torch.arange(features.shape[1], device=block_pos.device).expand(
@@ -209,7 +229,7 @@ class Drafter(nn.Module):
         rope_kv = rope_tables(
             torch.cat([ctx_pos, block_pos], dim=1), self.cfg.head_dim, self.cfg.rope_theta
         )
-        for layer in self.layers:
+        for layer in self.layers if layers is None else layers:
             x = layer(x, ctx, rope_q, rope_kv, mask)
         return self.norm(x)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -78,6 +79,31 @@ def block_targets(
     return labels, weights
 
 
+def chunk_loss_and_grad(
+    logits: Tensor, labels: Tensor, scale: Tensor, want_grad: bool
+) -> tuple[Tensor, Tensor | None]:
+    """sum(scale * CE) of one chunk of logits and, when `want_grad`, the gradient for those
+    logits ((softmax - onehot) * scale, in the logits' dtype), the softmax in fp32."""
+    wide = logits.float()
+    lse = wide.logsumexp(dim=-1)
+    target_logit = wide.gather(1, labels[:, None]).squeeze(1)
+    loss = ((lse - target_logit) * scale).sum()
+    if not want_grad:
+        return loss, None
+    onehot = torch.zeros_like(wide).scatter_(1, labels[:, None], 1.0)
+    grad = ((wide - lse[:, None]).exp() - onehot) * scale[:, None]
+    return loss, grad.to(logits.dtype)
+
+
+@functools.cache
+def compiled_chunk_loss_and_grad() -> Any:
+    """On a GPU the chunk's softmax work fused into a few kernels: read the bf16 logits, write
+    their bf16 gradient, instead of a dozen passes over an fp32 copy (measured on an H200 at
+    the Qwen3-8B shape: 15% of the drafter step). Only the last chunk's rows differ: Dynamo's
+    automatic dynamic shapes make that one more graph, not one per size."""
+    return torch.compile(chunk_loss_and_grad)
+
+
 class _WeightedLMHeadCE(torch.autograd.Function):
     """sum(scale * CE(hidden @ W^T, labels)) computed chunk by chunk.
 
@@ -91,17 +117,16 @@ class _WeightedLMHeadCE(torch.autograd.Function):
     ) -> Tensor:
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        per_chunk = compiled_chunk_loss_and_grad() if hidden.is_cuda else chunk_loss_and_grad
         for start in range(0, hidden.shape[0], chunk):
             end = start + chunk
-            logits = (hidden[start:end].to(weight.dtype) @ weight.T).float()
-            lse = logits.logsumexp(dim=-1)
-            target_logit = logits.gather(1, labels[start:end, None]).squeeze(1)
-            total += ((lse - target_logit) * scale[start:end]).sum()
-            if grad is not None:
-                probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
-                probs[torch.arange(probs.shape[0], device=probs.device), labels[start:end]] -= 1
-                probs.mul_(scale[start:end, None])
-                grad[start:end] = (probs.to(weight.dtype) @ weight).to(hidden.dtype)
+            logits = hidden[start:end].to(weight.dtype) @ weight.T
+            loss, grad_logits = per_chunk(
+                logits, labels[start:end], scale[start:end], grad is not None
+            )
+            total += loss
+            if grad_logits is not None:
+                grad[start:end] = (grad_logits @ weight).to(hidden.dtype)
         ctx.save_for_backward(grad)
         return total
 

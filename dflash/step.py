@@ -23,8 +23,9 @@ class DrafterStep:
 
     On a GPU: flex_attention, bf16 autocast over fp32 master weights. On the CPU: SDPA with a
     dense mask in fp32 (flex_attention has no CPU backward). Compiled code (flex_attention
-    always, the whole drafter with `compile`) wants static shapes: then every step samples
-    exactly num_anchors slots per row, and the batches must have fixed rows and length too.
+    always, the drafter's decoder layers with `compile`) wants static shapes: then every step
+    samples exactly num_anchors slots per row, and the batches must have fixed rows and length
+    too.
     `static` forces that elsewhere (several processes on the CPU: the same maths as on GPUs).
     `module` runs the drafter's forward: a DistributedDataParallel wrapper with several
     drafter ranks, else the drafter itself.
@@ -55,10 +56,18 @@ class DrafterStep:
         self.device = drafter.fc.weight.device
         self.on_gpu = self.device.type == "cuda"
         self.static_shapes = static or static_shapes(self.device, compile)
-        module = drafter if module is None else module
         self.ranks = ranks
         self.weight_sum = weight_sum
-        self.forward = torch.compile(module, dynamic=False) if compile else module
+        self.forward = drafter if module is None else module
+        # Each decoder layer compiled on its own, not the whole drafter: the layers share one
+        # code object, so Dynamo traces and Inductor compiles one layer (forward and backward)
+        # and every layer reuses it (its parameters are graph inputs); a cold compile pays for
+        # one layer, not the unrolled stack. The rest (fc, two norms, the RoPE tables) runs
+        # eager: a few large kernels. The drafter itself stays uncompiled (the warmup's
+        # canary runs it so).
+        self.layers = (
+            [torch.compile(layer, dynamic=False) for layer in drafter.layers] if compile else None
+        )
 
     def loss(self, batch: FeatureBatch, generator: torch.Generator) -> Tensor:
         cfg = self.drafter.cfg
@@ -76,7 +85,7 @@ class DrafterStep:
             anchors, kept, batch.input_ids.shape[1], cfg.block_size, flex=self.on_gpu
         )
         with torch.autocast(self.device.type, torch.bfloat16, enabled=self.on_gpu):
-            hidden = self.forward(batch.features, ids, positions, mask)
+            hidden = self.forward(batch.features, ids, positions, mask, layers=self.layers)
             return weighted_block_loss(
                 hidden, self.drafter.lm_head_weight, labels, weights, normaliser
             )

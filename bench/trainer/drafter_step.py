@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -48,6 +50,10 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup-steps", type=int, default=3)
     p.add_argument("--compile", action="store_true")
+    p.add_argument(
+        "--profile", type=int, default=0, metavar="N",
+        help="then profile N more steps and print the kernels that took the most GPU time",
+    )  # fmt: skip
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200)")
     return p.parse_args()
 
@@ -99,18 +105,24 @@ def main() -> None:
         num_tokens=rows * seq,
     )
 
-    times = []
-    for i in range(args.warmup_steps + args.steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    def train_step(i: int) -> None:
         loss = step.loss(batch, torch.Generator().manual_seed(i))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         optimizer.step()
+
+    times = []
+    began = time.perf_counter()
+    for i in range(args.warmup_steps + args.steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        train_step(i)
         end.record()
         torch.cuda.synchronize()
         seconds = start.elapsed_time(end) / 1e3
+        if i == 0:
+            first_step_s = time.perf_counter() - began  # compilation included
         print(f"step {i}: {seconds:.4f} s", file=sys.stderr, flush=True)
         if i >= args.warmup_steps:
             times.append(seconds)
@@ -135,6 +147,28 @@ def main() -> None:
     print(f"| achieved TFLOP/s | {achieved:.0f} |")
     print(f"| MFU vs {args.peak_tflops:.0f} TFLOP/s | {100 * achieved / args.peak_tflops:.1f}% |")
     print(f"| peak memory GiB | {torch.cuda.max_memory_allocated() / 2**30:.1f} |")
+    print(f"| first step s (wall, compilation included) | {first_step_s:.1f} |")
+    if args.profile:
+        profile(train_step, args.profile, step_s)
+
+
+def profile(train_step: Callable[[int], None], steps: int, step_s: float) -> None:
+    """The kernels that took the most GPU time over `steps` steps, each as a share of a step."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    with profiler(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            train_step(1000 + i)
+        torch.cuda.synchronize()
+    kernels = sorted(prof.key_averages(), key=lambda e: e.self_device_time_total, reverse=True)
+    total = sum(e.self_device_time_total for e in kernels) / 1e6 / steps
+    print("\n| kernel (top 25) | ms per step | share of GPU time | calls per step |")
+    print("| --- | --- | --- | --- |")
+    for event in kernels[:25]:
+        ms = event.self_device_time_total / 1e3 / steps
+        print(f"| {event.key[:90]} | {ms:.2f} | {ms / 1e3 / total:.1%} | {event.count // steps} |")
+    print(f"| all kernels | {total * 1e3:.1f} (the step: {step_s * 1e3:.1f}) | | |")
 
 
 if __name__ == "__main__":

@@ -110,7 +110,14 @@ def test_a_warmup_on_a_tampered_cache_fails_its_canary(warm_copy):
     result = warmup(warm_copy)
     assert result.returncode == CACHE_SUSPECT_EXIT, result.stdout + result.stderr
     canary = one_json_line(result.stdout)["canary"]  # printed before the exit
-    assert canary["ok"] is False and canary["loss_rel_err"] > canary["tolerance"]["loss_rel_err"]
+    # The compiled graphs are the decoder layers: doubled outputs of the last one are
+    # normalised away by the drafter's final norm (eager), so the loss may agree; their
+    # gradients, doubled too, do not.
+    tolerance = canary["tolerance"]
+    assert canary["ok"] is False and (
+        canary["loss_rel_err"] > tolerance["loss_rel_err"]
+        or canary["grad_rel_err"] > tolerance["grad_rel_err"]
+    ), canary
     assert f"the compile cache {warm_copy} is suspect" in result.stderr
 
     # The deploy's warmup module, on that cache: moved aside with why, then a cold warmup passes.
