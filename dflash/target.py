@@ -90,6 +90,10 @@ def _model_dir(name: str) -> Path:
     return path
 
 
+class _FeaturesTaken(Exception):
+    """Raised by the last feature layer's hook: the rest of the target's forward is not run."""
+
+
 @dataclass
 class Target:
     name: str
@@ -117,11 +121,37 @@ class Target:
 
         Right padding needs no attention mask: a causal model's real positions never see pads.
         """
-        model = self.model if logits else self.model.base_model
-        out = model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
+        if not logits:
+            return self.features(input_ids), None
+        out = self.model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
         # hidden_states[0] is the embedding output, so layer i's output is at i + 1.
         features = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
-        return features, (out.logits if logits else None)
+        return features, out.logits
+
+    def features(self, input_ids: Tensor) -> Tensor:
+        """The features alone: the layers past the last feature layer are never run (at the
+        Qwen3-8B shape 2 of 36 layers and the final norm), the outputs are taken by hooks."""
+        outputs: dict[int, Tensor] = {}
+        last = self.layer_ids[-1]
+
+        def keep(index: int) -> Any:
+            def hook(_module: Any, _args: Any, output: Any) -> None:
+                outputs[index] = output[0] if isinstance(output, tuple) else output
+                if index == last:
+                    raise _FeaturesTaken
+
+            return hook
+
+        layers = self.model.base_model.layers
+        handles = [layers[i].register_forward_hook(keep(i)) for i in self.layer_ids]
+        try:
+            self.model.base_model(input_ids=input_ids, use_cache=False)
+        except _FeaturesTaken:
+            pass
+        finally:
+            for handle in handles:
+                handle.remove()
+        return torch.cat([outputs[i] for i in self.layer_ids], dim=-1)
 
     @torch.no_grad()
     def greedy(self, prompts: Tensor, new_tokens: int) -> Tensor:

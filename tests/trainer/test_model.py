@@ -61,3 +61,24 @@ def test_drafter_forward_backward(tiny_target):
     assert not drafter.embed_weight.requires_grad and not drafter.lm_head_weight.requires_grad
     assert drafter.embed_weight.data_ptr() == tiny_target.embed_weight().data_ptr()
     assert not any("embed" in k or "lm_head" in k for k in drafter.state_dict())
+
+
+def test_the_features_stop_after_the_last_feature_layer(tiny_target):
+    """Training's features (hooks, the forward cut after the last feature layer) equal those of
+    the whole forward with every hidden state; the layers past it never run; no hook stays."""
+    layers = tiny_target.model.base_model.layers
+    ids = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(0))
+    full, _ = tiny_target.forward(ids, logits=True)
+    hooks = [len(layer._forward_hooks) for layer in layers]  # transformers' own, if any
+    past = list(layers)[tiny_target.layer_ids[-1] + 1 :]
+    assert past, "the tiny target has layers past its last feature layer"
+    ran: list[int] = []
+    spies = [layer.register_forward_hook(lambda *_: ran.append(1)) for layer in past]
+    try:
+        features, logits = tiny_target.forward(ids)
+    finally:
+        for spy in spies:
+            spy.remove()
+    assert logits is None and ran == []
+    assert torch.equal(features, full)
+    assert [len(layer._forward_hooks) for layer in layers] == hooks
