@@ -273,7 +273,10 @@ def stop(module: AnsibleModule, root: str, trainers: list[dict]) -> dict:
 def judge(params: dict, status: dict, run_id: str, log_path: str) -> float:
     """The job check and the throughput gate on a healthy status; returns its tokens/s."""
     tokens_per_s = float(status.get("tokens_per_s") or 0.0)
-    problem = job_problem(status, params["job"]) or throughput_problem(params, tokens_per_s)
+    unstarved = status.get("unstarved_tokens_per_s")
+    problem = job_problem(status, params["job"]) or throughput_problem(
+        params, tokens_per_s, float(unstarved) if unstarved else None
+    )
     if problem:
         raise LaunchError(
             f"{problem} after {status.get('step')} steps; see {log_path}",

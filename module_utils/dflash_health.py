@@ -82,8 +82,13 @@ def wait_healthy(
     )
 
 
-def throughput_problem(params: dict, tokens_per_s: float) -> str | None:
-    """Why a healthy-looking trainer is still too slow to keep, or None."""
+def throughput_problem(
+    params: dict, tokens_per_s: float, unstarved: float | None = None
+) -> str | None:
+    """Why a healthy-looking trainer is still too slow to keep, or None. The floor is on the
+    tokens/s as measured; the comparison with earlier deployments on the figure with the
+    trainer's wait for a CPU left out (`unstarved`, where the trainer gives it): a busy host
+    is not a slower release."""
     floor = params["min_tokens_per_s"]
     if floor and tokens_per_s < floor:
         return (
@@ -91,9 +96,16 @@ def throughput_problem(params: dict, tokens_per_s: float) -> str | None:
             "(dflash_min_tokens_per_s)"
         )
     ratio, baseline = params["min_throughput_ratio"], params["baseline_tokens_per_s"]
-    if ratio and baseline and tokens_per_s < ratio * baseline:
+    judged = unstarved or tokens_per_s
+    if ratio and baseline and judged < ratio * baseline:
+        measured = (
+            f" ({tokens_per_s:.1f} as measured: its wait for a CPU left out)"
+            if tokens_per_s < 0.95 * judged  # more than the run queue's everyday noise
+            else ""
+        )
         return (
-            f"throughput gate: {tokens_per_s:.1f} tokens/s is under {ratio:g} x {baseline:.1f} "
+            f"throughput gate: {judged:.1f} tokens/s{measured} is under {ratio:g} x "
+            f"{baseline:.1f} "
             f"tokens/s of {params['baseline_name']} = {ratio * baseline:.1f} "
             "(dflash_min_throughput_ratio)"
         )

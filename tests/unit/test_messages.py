@@ -3,7 +3,7 @@ signal, what status.json said (never 'None')."""
 
 from __future__ import annotations
 
-from ansible.module_utils.dflash_health import ended
+from ansible.module_utils.dflash_health import ended, throughput_problem
 from ansible.module_utils.dflash_procs import stop_summary
 
 
@@ -28,3 +28,24 @@ def test_how_a_trainer_ended_in_words():
     gone = ended("its process is gone (exit code unknown)", {})
     assert gone == "its process is gone (exit code unknown); no status.json written"
     assert "None" not in " ".join([failed, gone, ended(0, {"state": None})])
+
+
+def test_the_gate_compares_the_figure_without_the_wait_for_a_cpu_and_the_floor_as_measured():
+    params = {"min_tokens_per_s": 0, "min_throughput_ratio": 0.5,
+              "baseline_tokens_per_s": 1000.0, "baseline_name": "the median of 3"}  # fmt: skip
+    # A third as measured on a busy host, as fast as before once the wait is left out: kept.
+    assert throughput_problem(params, 330.0, 990.0) is None
+    # Slow without waiting (a stopped or slower trainer): rolled back, both figures named.
+    assert throughput_problem(params, 330.0, 340.0) == (
+        "throughput gate: 340.0 tokens/s is under 0.5 x 1000.0 tokens/s of the median of 3 = "
+        "500.0 (dflash_min_throughput_ratio)"
+    )
+    assert throughput_problem(params, 200.0, 400.0) == (
+        "throughput gate: 400.0 tokens/s (200.0 as measured: its wait for a CPU left out) is "
+        "under 0.5 x 1000.0 tokens/s of the median of 3 = 500.0 (dflash_min_throughput_ratio)"
+    )
+    # An older trainer gives no unstarved figure: judged as measured.
+    assert throughput_problem(params, 330.0) is not None
+    # The floor is the user's on real tokens/s: a busy host under it fails it.
+    floored = dict(params, min_tokens_per_s=500.0)
+    assert "under the floor of 500" in throughput_problem(floored, 330.0, 990.0)
