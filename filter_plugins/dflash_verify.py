@@ -10,6 +10,7 @@ from dflash_findings import finding
 from dflash_gpu import judge_facts
 from dflash_states import STEPPING
 from dflash_supervision import supervision_line, supervision_view
+from dflash_throughput import WAIT_NOISE, reference_speed
 
 # The trainer's window (dflash/train.py Throughput) for status files that do not say it.
 DEFAULT_WINDOW = 20
@@ -23,8 +24,6 @@ BAND_FLOOR = 0.5
 # with n = 20, is 1.25 x the reference's step spread (MAD over median).
 SPREAD_TO_BAND = 1.25
 DIFF_FASTEST = "ansible-playbook diff.yml -e dflash_diff_from=fastest"
-# A wait for a CPU under 5% of a window is the run queue's everyday noise, not worth a line.
-WAIT_NOISE = 0.95
 
 
 def _speed(value: Any) -> str:
@@ -179,14 +178,8 @@ def _judged_speed(status: dict) -> tuple[float | None, float | None, str]:
     return (
         max(judged[-CONSECUTIVE:]),
         max(windows[-CONSECUTIVE:]),
-        (f"the last {CONSECUTIVE} windows of {size} steps (the fastest window's median step)"),
+        f"the last {CONSECUTIVE} windows of {size} steps (the fastest window's median step)",
     )
-
-
-def reference_speed(ref: dict) -> float | None:
-    """A reference's tokens/s as a window is compared with it: with the wait for a CPU left out
-    where its health check recorded that, else as measured."""
-    return ref.get("unstarved_tokens_per_s") or ref.get("tokens_per_s")
 
 
 def cpu_wait_line(judged: object, measured: object) -> str | None:

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 from ansible.module_utils.dflash_state import read_json
+from ansible.module_utils.dflash_throughput import WAIT_NOISE
 
 LOG_TAIL_LINES = 40
 
@@ -100,7 +101,7 @@ def throughput_problem(
     if ratio and baseline and judged < ratio * baseline:
         measured = (
             f" ({tokens_per_s:.1f} as measured: its wait for a CPU left out)"
-            if tokens_per_s < 0.95 * judged  # more than the run queue's everyday noise
+            if tokens_per_s < WAIT_NOISE * judged
             else ""
         )
         return (
