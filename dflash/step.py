@@ -63,10 +63,10 @@ class DrafterStep:
         # code object, so Dynamo makes two graphs (the first layer, whose input needs no
         # gradient, and one every other layer reuses: its parameters are graph inputs), not
         # the unrolled stack. Measured: the tiny CPU drafter's first step ~15% sooner; an
-        # H200's cold compile at the 8B shape no shorter (flex_attention's kernels dominate
-        # it; bench/trainer/README.md). The rest (fc, two norms, the RoPE tables) runs eager:
-        # a few large kernels. The drafter itself stays uncompiled (the warmup's canary runs
-        # it so).
+        # H200's cold compile at the 8B shape no shorter (bench/trainer/README.md; the eager
+        # step, which still compiles flex_attention, took over 90 s cold there too). The rest
+        # (fc, two norms, the RoPE tables) runs eager: a few large kernels. The drafter itself
+        # stays uncompiled (the warmup's canary runs it so).
         self.layers = (
             [torch.compile(layer, dynamic=False) for layer in drafter.layers] if compile else None
         )
