@@ -29,8 +29,9 @@ _NAME = re.compile(r"\bdflash_[a-z0-9_]+\b")
 # YAML comments (a whole line, or after a space): prose may name a typo as an example.
 _COMMENT = re.compile(r"(^|\s)#.*$", re.MULTILINE)
 # Where every variable the toolkit reads is named: role defaults, argument specs, tasks,
-# templates and playbooks.
-_SOURCES = ("roles/**/*.yml", "roles/**/*.j2", "playbooks/*.yml", "inventory/*.yml")
+# templates and playbooks, and the options of the pct connection (dflash_pct_*).
+_SOURCES = ("roles/**/*.yml", "roles/**/*.j2", "playbooks/**/*.yml", "inventory/*.yml",
+            "connection_plugins/*.py")  # fmt: skip
 
 
 @functools.cache

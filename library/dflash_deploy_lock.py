@@ -52,6 +52,12 @@ options:
   take_over:
     description: Token of a holder judged dead or expired; only that holder's lock is replaced.
     type: str
+  expect_generation:
+    description:
+      - The lock's generation (how many times it was taken; C(dflash_facts) returns it as
+        C(deploy_lock_generation)) that a read of the caller saw while the lock was free.
+        RETURN C(unchanged_since_read) then says whether that read still holds.
+    type: int
 attributes:
   check_mode:
     support: full
@@ -91,6 +97,13 @@ cleaned:
   type: list
   elements: str
   returned: when a deploy or rollback took the lock
+unchanged_since_read:
+  description:
+    - Whether no other run took the lock between the read whose I(expect_generation) was given
+      and this take (every change happens under the lock, so that read still describes the
+      target); false when no I(expect_generation) was given.
+  type: bool
+  returned: when the lock was taken
 released:
   description: Whether this call gave the lock up.
   type: bool
@@ -152,6 +165,7 @@ def run(module: AnsibleModule) -> dict:
         got = acquire(
             root, params["token"], params["holder"], params["action"], params["release"],
             take_over=params["take_over"], from_release=current_release(root)[0],
+            expect_generation=params["expect_generation"],
         )  # fmt: skip
     except OSError as err:
         raise ValueError(
@@ -186,6 +200,7 @@ def main() -> None:
             },
             "release": {"type": "str"},
             "take_over": {"type": "str"},
+            "expect_generation": {"type": "int"},
         },
         supports_check_mode=True,
     )

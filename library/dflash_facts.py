@@ -191,6 +191,14 @@ deploy_lock:
     C(age_s) and C(holder_alive) (null where the target cannot tell).
   type: dict
   returned: always
+deploy_lock_generation:
+  description:
+    - How many times the deploy lock was taken, read before everything else; the facts were read
+      while no run took it (read again when one did). A deploy that saw the lock free hands it
+      to M(dflash_deploy_lock) (I(expect_generation)), which says whether this read still
+      holds. Null when runs kept taking the lock during three reads.
+  type: int
+  returned: always
 root_writable:
   description: C(ok), C(folder) probed and C(error), from creating a file there.
   type: dict
@@ -248,7 +256,7 @@ from ansible.module_utils.dflash_env_lock import (
 from ansible.module_utils.dflash_envcheck import install_estimate
 from ansible.module_utils.dflash_gpu import probe
 from ansible.module_utils.dflash_lines import GOOD_RESULTS, records_code
-from ansible.module_utils.dflash_lockfile import read_lock
+from ansible.module_utils.dflash_lockfile import generation, read_lock
 from ansible.module_utils.dflash_memory import memory_facts
 from ansible.module_utils.dflash_procs import find_trainers
 from ansible.module_utils.dflash_release import file_drift, tree_sha256
@@ -432,20 +440,9 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
     return facts
 
 
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "root": {"type": "path", "required": True},
-            "checksums": {"type": "bool", "default": True},
-            "history_limit": {"type": "int", "default": 50},
-            "check_release": {"type": "str"},
-            "lock": {"type": "dict"},
-            "rollback_release": {"type": "str"},
-            "data": {"type": "str"},
-        },
-        supports_check_mode=True,
-    )
-    params = module.params
+def read(params: dict) -> dict:
+    """The facts of the root and the answers to this call's questions (the lock's env, the
+    release and data to check, what a rollback restores)."""
     facts = gather(params["root"], params["checksums"], params["history_limit"])
     if params["check_release"]:
         facts["release_check"] = release_check(params["root"], params["check_release"])
@@ -479,7 +476,34 @@ def main() -> None:
         facts["rollback_entry"] = good[-1] if good else {}
         if good:
             facts["rollback_env"] = environment(params["root"], good[-1].get("lock_id"))
-    module.exit_json(changed=False, **facts)
+    return facts
+
+
+def read_between_takes(params: dict) -> dict:
+    """read(), with the lock's generation of the moment it was read: read again when a run
+    took the lock meanwhile (a deploy then changes what was being read)."""
+    for _ in range(3):
+        before = generation(params["root"])
+        facts = read(params)
+        if generation(params["root"]) == before:
+            return {**facts, "deploy_lock_generation": before}
+    return {**facts, "deploy_lock_generation": None}
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "root": {"type": "path", "required": True},
+            "checksums": {"type": "bool", "default": True},
+            "history_limit": {"type": "int", "default": 50},
+            "check_release": {"type": "str"},
+            "lock": {"type": "dict"},
+            "rollback_release": {"type": "str"},
+            "data": {"type": "str"},
+        },
+        supports_check_mode=True,
+    )
+    module.exit_json(changed=False, **read_between_takes(module.params))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,10 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 
 LOCK = ".deploy.lock"
+# How many times a run took the lock of this root. Every change of the state happens under the
+# lock, so a read that found the lock free is still true while this count is unchanged: a deploy
+# that read the target before taking the lock needs no second read (acquire's expect_generation).
+GENERATION = ".deploy.generation"
 # The run that created the state root with its lock removes it again when nothing else was put
 # there (a first deploy refused by preflight leaves no trace).
 ROOT_CREATED = "root_created"
@@ -136,6 +140,24 @@ def _age(lock: dict) -> float | None:
         return None
 
 
+def generation(root: str) -> int:
+    """How many times the lock of `root` was taken (0 before the first time; -1 for a damaged
+    count, which matches no read)."""
+    text = _read(os.path.join(root, GENERATION))
+    try:
+        return int(text) if text else 0
+    except ValueError:
+        return -1
+
+
+def _bump_generation(root: str) -> None:
+    # Called with the lock file flock'ed; written aside and renamed, so no read sees half of it.
+    path = os.path.join(root, GENERATION)
+    with open(f"{path}.tmp", "w", encoding="ascii") as handle:
+        handle.write(f"{max(generation(root), 0) + 1}\n")
+    os.replace(f"{path}.tmp", path)
+
+
 def read_lock(root: str) -> dict | None:
     """The lock as it is, with its age and whether its holder lives (where that is knowable)."""
     path = os.path.join(root, LOCK)
@@ -156,11 +178,14 @@ def read_lock(root: str) -> dict | None:
 def acquire(
     root: str, token: str, holder: dict, action: str, release: str | None,
     take_over: str | None = None, from_release: str | None = None,
+    expect_generation: int | None = None,
 ) -> dict:  # fmt: skip
     """Take the lock for `token`, or return who holds it. `take_over` names the token of a
     holder the caller judged dead or expired: only that one is replaced. `release` (what the
     run makes current, once known) and `from_release` (what was current when it began) are its
-    intent, which a run that takes over after an interruption reads."""
+    intent, which a run that takes over after an interruption reads. `expect_generation` is the
+    generation a read of the caller saw with the lock free: `unchanged_since_read` says whether
+    no other run took the lock since then (so that read still holds)."""
     created = False
     if not os.path.isdir(root):
         os.mkdir(root, 0o755)
@@ -172,6 +197,11 @@ def acquire(
             held["age_s"] = _age(held)
             return {"acquired": False, "held_by": held}
         mine = held if held and held.get("token") == token else None
+        # The caller's read saw the lock free at this generation: nobody took it since.
+        taken = generation(root)
+        unchanged = not held and taken >= 0 and expect_generation == taken
+        if not mine:
+            _bump_generation(root)
         lock = mine or {
             "token": token,
             "holder": holder,
@@ -187,7 +217,8 @@ def acquire(
             lock["release"] = release
         _store(fd, lock)
     previous = held if held and held.get("token") != token else None
-    return {"acquired": True, "lock": lock, "taken_over": previous}
+    return {"acquired": True, "lock": lock, "taken_over": previous,
+            "unchanged_since_read": unchanged}  # fmt: skip
 
 
 def release(root: str, token: str) -> bool:
@@ -199,9 +230,11 @@ def release(root: str, token: str) -> bool:
         if not held or held.get("token") != token:
             return False
         os.unlink(os.path.join(root, LOCK))
-    if held.get(ROOT_CREATED):
+    # Only when the run left nothing else there (its count of takes goes with the root).
+    if held.get(ROOT_CREATED) and set(os.listdir(root)) <= {GENERATION}:
         with contextlib.suppress(OSError):
-            os.rmdir(root)  # only when the run left nothing else there
+            os.unlink(os.path.join(root, GENERATION))
+            os.rmdir(root)
     return True
 
 

@@ -24,6 +24,8 @@ def snapshot(root: Path) -> dict[str, bytes | str]:
         rel = str(path.relative_to(root))
         if rel.startswith("envs/"):
             continue  # the seeded torch env: large, and never touched before the env step
+        if rel == ".deploy.generation":
+            continue  # the deploy lock's count of takes: a refused rollback took the lock too
         if path.is_symlink():
             state[rel] = "-> " + str(path.readlink())
         elif path.is_file():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -33,14 +32,16 @@ def test_healthy_launch_no_restart_then_clean_switch(deploy, playbook, trainer_r
     assert parent_of(status["pid"]) == record["pid"] and alive(record["pid"])
     assert "tokens/s" in first.output
 
+    taken = (target_root / ".deploy.generation").read_text()
     again = deploy("v1")
     assert again.rc == 0 and again.changed() == 0, again.output
     assert read_json(target_root / "trainer.json")["pid"] == record["pid"]
-    # One read of the target decided it: the steps were not even included (the launch is not
-    # asked), so none of their tasks shows.
+    # One read of the target, before the deploy lock, decided it: the host ended there, the lock
+    # was not taken (its count of takes is unchanged) and no step was included.
     assert "Nothing to change on local" in " ".join(again.output.split()), again.output
-    assert re.search(r"Deploy what changes[^\n]*\*+\n+skipping: \[local\]", again.output)
-    steps = ("dflash_activate : Make", "dflash_runscript : Render run.sh]", "dflash_launch : Check")
+    assert (target_root / ".deploy.generation").read_text() == taken
+    steps = ("dflash_deploy_lock : Take", "Deploy what changes", "dflash_activate : Make",
+             "dflash_runscript : Render run.sh]", "dflash_launch : Check")  # fmt: skip
     for step in steps:
         assert f"TASK [{step}" not in again.output, step
 

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 from ansible.module_utils.dflash_lockfile import (
+    GENERATION,
     LOCK,
     LockError,
     Watchdog,
     acquire,
     fence,
+    generation,
     held,
     holder_alive,
     kernel_identity,
@@ -65,6 +67,36 @@ def test_one_holder_at_a_time_and_only_it_releases(tmp_path: Path, sleeper):
     assert not release(str(root), two) and (root / LOCK).exists()
     # The run that created the root leaves nothing behind when it changed nothing there.
     assert release(str(root), one) and not root.exists()
+
+
+def test_a_read_made_with_the_lock_free_holds_until_another_run_takes_it(tmp_path, sleeper):
+    """deploy.yml reads the target before it takes the lock; the take says whether that read
+    still holds (no run took the lock since), so that it need not be read again."""
+    root = tmp_path / "dflash"
+    mine, other = holder_of(sleeper()), holder_of(sleeper())
+    me, them = token_of(mine), token_of(other)
+    read = generation(str(root))  # no root yet: nobody ever took its lock
+    assert read == 0
+    got = acquire(str(root), me, mine, "deploy", "v1", expect_generation=read)
+    assert got["acquired"] and got["unchanged_since_read"]
+    (root / "history.jsonl").write_text("{}\n")  # the run put something there: the root stays
+    assert release(str(root), me) and root.is_dir()
+    read = generation(str(root))
+    assert read == 1
+    # A whole run between the read and the take: the read no longer holds.
+    assert acquire(str(root), them, other, "stop", None)["acquired"] and release(str(root), them)
+    got = acquire(str(root), me, mine, "deploy", "v2", expect_generation=read)
+    assert got["acquired"] and not got["unchanged_since_read"]
+    assert release(str(root), me)
+    # A read that saw no count (none given) or a damaged count is never taken as still true.
+    assert not acquire(str(root), me, mine, "deploy", "v2")["unchanged_since_read"]
+    assert release(str(root), me)
+    (root / GENERATION).write_text("garbage\n")
+    assert generation(str(root)) == -1
+    got = acquire(str(root), me, mine, "deploy", "v2", expect_generation=-1)
+    assert not got["unchanged_since_read"] and generation(str(root)) == 1
+    # Taking it again as the same run (the next task) is no new take.
+    assert acquire(str(root), me, mine, "deploy", "v2")["acquired"] and generation(str(root)) == 1
 
 
 def test_a_dead_holder_is_seen_and_its_lock_taken_over_by_token(tmp_path: Path, sleeper):

@@ -52,6 +52,17 @@ def test_known_names_and_unknown_dflash_names_as_before():
     ]
 
 
+def test_the_pct_connections_options_are_known():
+    """Its variables are read by connection_plugins/dflash_pct.py, not by a role (a bench run
+    warned about dflash_pct_control_path_dir)."""
+    options = ["dflash_pct_control_path_dir", "dflash_pct_ssh_transport"]
+    assert unknown_vars(options) == []
+    assert unknown_vars(["dflash_pct_control_path_dirs"]) == [
+        "dflash_pct_control_path_dirs is set but unknown to dflash-deploy "
+        "(did you mean dflash_pct_control_path_dir?)"
+    ]
+
+
 @pytest.mark.parametrize(
     ("a", "b", "distance"),
     [

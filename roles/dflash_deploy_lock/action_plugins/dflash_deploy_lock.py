@@ -60,6 +60,12 @@ options:
     description: Take the lock whoever holds it (only when you know that run is gone).
     type: bool
     default: false
+  expect_generation:
+    description:
+      - The lock's generation that a read of this run saw while the lock was free (M(dflash_facts)
+        C(deploy_lock_generation)); the result's C(unchanged_since_read) says whether no other
+        run took the lock since, so that the read still holds and need not be repeated.
+    type: int
 author: dflash-deploy
 """
 
@@ -123,9 +129,8 @@ def stale_reason(held: dict, stale_after: int, break_lock: bool) -> str | None:
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(
-        ("root", "state", "action", "release", "wait", "stale_after", "break_lock")
-    )
+    _VALID_ARGS = frozenset(("root", "state", "action", "release", "wait", "stale_after",
+                             "break_lock", "expect_generation"))  # fmt: skip
 
     def _lock_module(self, task_vars: dict, **args: Any) -> dict:
         result = self._execute_module(
@@ -153,6 +158,8 @@ class ActionModule(ActionBase):
             lock = self._lock_module(task_vars, root=root, state="status")["lock"]
             if lock and lock.get("token") != token:
                 result["warnings"] = [f"{root} is locked by {describe(lock)}"]
+            # Nothing is taken or changed: a read made with the lock free is as good as a new one.
+            result["unchanged_since_read"] = args.get("expect_generation") is not None
             return result
         wait = int(args.get("wait", 0))
         stale_after = int(args.get("stale_after", 1800))
@@ -163,7 +170,7 @@ class ActionModule(ActionBase):
             got = self._lock_module(
                 task_vars, root=root, state="acquired", token=token, holder=holder,
                 action=args.get("action", "deploy"), release=args.get("release"),
-                take_over=take_over,
+                take_over=take_over, expect_generation=args.get("expect_generation"),
             )  # fmt: skip
             if got["acquired"]:
                 break
@@ -189,6 +196,7 @@ class ActionModule(ActionBase):
                 "What that run left is finished or named by this one"
             ]
         result["lock"] = got["lock"]
+        result["unchanged_since_read"] = bool(got.get("unchanged_since_read"))
         result["cleaned"] = got.get("cleaned") or []
         result["acquired_at"] = utc_now()
         return result
