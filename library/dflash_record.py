@@ -70,6 +70,13 @@ options:
         an env rebuilt) is a change and has its line.
     type: bool
     default: false
+  release_lock:
+    description:
+      - Give the deploy lock of I(token) up once the line is written and keep-N is done (the
+        last step of a deploy: one round trip fewer than a separate release). A failed record
+        keeps it, for the play's own release.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -105,6 +112,10 @@ pruned_envs:
   type: list
   elements: str
   returned: success
+lock_released:
+  description: Whether this call gave the deploy lock up (I(release_lock)).
+  type: bool
+  returned: success
 """
 
 import os
@@ -113,6 +124,7 @@ import shutil
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_disk import disk_full_message, is_disk_full
 from ansible.module_utils.dflash_lockfile import LockError, held
+from ansible.module_utils.dflash_lockfile import release as give_lock_up
 from ansible.module_utils.dflash_record import history_entry, line_for, record_once
 from ansible.module_utils.dflash_state import (
     ENVS,
@@ -195,6 +207,8 @@ def run(module: AnsibleModule) -> dict:
         "recorded": written,
         "pruned": pruned,
         "pruned_envs": pruned_envs,
+        "lock_released": bool(params["release_lock"] and params["token"])
+        and give_lock_up(root, params["token"]),
     }
 
 
@@ -220,6 +234,7 @@ def main() -> None:
             "protect": {"type": "list", "elements": "str", "default": []},
             "launch_recorded": {"type": "bool", "default": False},
             "steps_changed": {"type": "bool", "default": False},
+            "release_lock": {"type": "bool", "default": False},
             "token": {"type": "str", "no_log": False},
         },
         supports_check_mode=True,

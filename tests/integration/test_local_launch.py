@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +32,9 @@ def test_healthy_launch_no_restart_then_clean_switch(deploy, playbook, trainer_r
     # trainer.json names run.sh's process, the supervisor; the trainer is its child.
     assert parent_of(status["pid"]) == record["pid"] and alive(record["pid"])
     assert "tokens/s" in first.output
+    # The record gave the deploy lock up in its own call; the play's release had nothing to do.
+    assert not (target_root / ".deploy.lock").exists()
+    assert re.search(r"Release the deploy lock\][^\n]*\*+\n+skipping: \[local\]", first.output)
 
     taken = (target_root / ".deploy.generation").read_text()
     again = deploy("v1")
