@@ -72,9 +72,9 @@ options:
     default: false
   release_lock:
     description:
-      - Give the deploy lock of I(token) up once the line is written and keep-N is done (the
-        last step of a deploy: one round trip fewer than a separate release). A failed record
-        keeps it, for the play's own release.
+      - Give the deploy lock of I(token) up once the line is written and keep-N is done, in
+        the same call (the last step of a deploy or rollback, one round trip fewer than a
+        separate release). A failed record keeps it, for the play's own release.
     type: bool
     default: false
 attributes:
