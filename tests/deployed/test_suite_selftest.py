@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -82,7 +83,10 @@ def test_suite_passes_on_a_clean_deploy_and_names_each_drift(
     assert "edited on the target" in edited.failed["test_files_match_manifest"]
     assert "run.sh" in edited.failed["test_run_sh_is_as_deployed"]
     slow = edited.failed["test_trainer_throughput_within_ratio"]
-    assert "local: throughput pid" in slow and ">= 0.8 x 1000000000 tokens/s" in slow
+    # The band is 0.8, lowered where the health check's own steps were noisy (a loaded host:
+    # verify's band(), never under its floor of 0.5).
+    band = re.search(r">= ([0-9.]+) x 1000000000 tokens/s", slow)
+    assert "local: throughput pid" in slow and band and 0.5 <= float(band[1]) <= 0.8, slow
     assert "diff.yml -e dflash_diff_from=fastest" in slow
 
     # The trainer killed (as by the OOM killer): nothing else changed, the edits are undone.

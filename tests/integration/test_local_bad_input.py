@@ -229,7 +229,10 @@ def test_a_read_only_state_root_is_refused_before_any_change(deployed, tmp_path)
     finally:
         subprocess.run(["umount", str(root)], check=True)
     assert run.rc != 0
-    assert f"dflash_root '{root}' is not writable (Read-only file system)" in run.text, run.output
+    # Preflight's probe says it, before the deploy lock (which needs a writable root) is taken.
+    flat = " ".join(run.output.split())
+    assert f"dflash_root '{root}' on local is not writable: creating a file in" in flat, run.output
+    assert "failed (Read-only file system)" in flat, run.output
     assert snapshot(root) == before
 
 
