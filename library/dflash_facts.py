@@ -194,9 +194,10 @@ deploy_lock:
 deploy_lock_generation:
   description:
     - How many times the deploy lock was taken, read before everything else; the facts were read
-      while no run took it (read again when one did). A deploy that saw the lock free hands it
-      to M(dflash_deploy_lock) (I(expect_generation)), which says whether this read still
-      holds. Null when runs kept taking the lock during three reads.
+      while no run took it (read again when one did). A deploy hands it to
+      M(dflash_deploy_lock) (I(expect_generation)), which says whether this read still holds.
+      Null when the lock was held (a run changes, or was interrupted while it changed, what was
+      read) or runs kept taking it during three reads, so that no read is to be trusted.
   type: int
   returned: always
 root_writable:
@@ -480,13 +481,14 @@ def read(params: dict) -> dict:
 
 
 def read_between_takes(params: dict) -> dict:
-    """read(), with the lock's generation of the moment it was read: read again when a run
-    took the lock meanwhile (a deploy then changes what was being read)."""
+    """read(), with the lock's generation of the moment it was read, when the lock was free:
+    read again when a run took the lock meanwhile (a deploy then changes what was being read)."""
     for _ in range(3):
         before = generation(params["root"])
         facts = read(params)
         if generation(params["root"]) == before:
-            return {**facts, "deploy_lock_generation": before}
+            free = facts["deploy_lock"] is None
+            return {**facts, "deploy_lock_generation": before if free else None}
     return {**facts, "deploy_lock_generation": None}
 
 
