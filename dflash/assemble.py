@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from dflash.cluster import Cluster
 from dflash.config import TrainConfig
 from dflash.data import SELF_GENERATED, open_data, sample_store, self_generated
+from dflash.errors import ConfigError
 from dflash.options import build_drafter, drafter_config, fixed_rows, gamma, token_budget
 from dflash.order import BatchOrder, ShardedOrder
 from dflash.pipeline import FeatureSource, LocalFeatureSource, RemoteFeatureSource
@@ -86,6 +87,11 @@ def target_and_data(
 ) -> tuple[Target, ShardedOrder]:
     """The frozen target on this rank's device and the global data order (same on all ranks:
     every target rank reads or generates the same samples from --seed)."""
+    if config.compile_target and not shape.static:
+        raise ConfigError(
+            "--compile-target: on the CPU the target's batches change shape from step to step; "
+            "add --compile-drafter (static shapes) or drop --compile-target"
+        )
     target = load_target(
         config.target_model,
         cluster.me.device,
@@ -99,6 +105,8 @@ def target_and_data(
         f"mask id {target.mask_token_id}"
     )
     data = training_data(config, target, log)
+    if config.compile_target:  # after the data: generating it runs the uncompiled layers
+        target.compile_layers()
     order = BatchOrder(
         data,
         shape.budget,

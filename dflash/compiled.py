@@ -1,6 +1,7 @@
 """The code the compile caches are keyed by: the files the compiled drafter step is traced from,
-the file that calls torch.compile (its options shape every graph), and any file that patches
-torch internals (Inductor's own cache keys cannot see a patch).
+the files that call torch.compile (its options shape every graph; dflash/target.py compiles the
+target's decoder layers, whose code is transformers'), and any file that patches torch
+internals (Inductor's own cache keys cannot see a patch).
 
 The toolkit names a release's compile cache folder after the content of these files, with
 torch, Triton, CUDA, the driver and the GPU model (module_utils/dflash_compile_cache.py): a
@@ -16,4 +17,5 @@ FILES = (
     "dflash/model.py",
     "dflash/objective.py",
     "dflash/step.py",
+    "dflash/target.py",
 )

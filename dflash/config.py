@@ -33,6 +33,7 @@ class StepConfig:
     token_budget: int | None  # padded tokens per step; None: by device (options.token_budget)
     num_anchors: int  # blocks sampled per sequence per step
     compile_drafter: bool
+    compile_target: bool  # the target's decoder layers, for the features
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Self:

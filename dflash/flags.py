@@ -38,7 +38,7 @@ CPU_TOKEN_BUDGET = 512  # keeps a CPU step of the tiny preset well under a secon
 WORKLOAD = ("target_model", "max_seq_len", "token_budget", "num_anchors", "block_size",
             "drafter_layers")  # fmt: skip
 # What the compiled drafter step depends on: the warm-up compiles it with these.
-COMPILED = (*WORKLOAD, "num_target_layers", "gamma", "compile_drafter")
+COMPILED = (*WORKLOAD, "num_target_layers", "gamma", "compile_drafter", "compile_target")
 # Set by whoever launches the trainer, for every run: its GPUs and where its files go.
 LAUNCHER = ("target_gpus", "drafter_gpus", "checkpoint_dir", "status_file", "run_id")
 
@@ -198,6 +198,12 @@ def train_parser() -> argparse.ArgumentParser:
         "--compile-drafter",
         action="store_true",
         help="torch.compile the drafter step (static shapes)",
+    )
+    parser.add_argument(
+        "--compile-target",
+        action="store_true",
+        help="torch.compile the target's decoder layers for the features (static shapes: a "
+        "GPU, or with --compile-drafter)",
     )
     data = parser.add_argument_group("data")
     data.add_argument(

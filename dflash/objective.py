@@ -21,8 +21,11 @@ def sample_anchors(
     rows, seq_len = loss_mask.shape
     valid = torch.zeros_like(loss_mask)
     valid[:, :-1] = loss_mask[:, :-1] & loss_mask[:, 1:]
-    n_valid = int(valid.sum(1).max()) if rows else 0
-    n = num_anchors if fixed else max(1, min(num_anchors, n_valid))
+    if fixed:
+        n = num_anchors  # no count read back: on a GPU that would wait for the queued work
+    else:
+        n_valid = int(valid.sum(1).max()) if rows else 0
+        n = max(1, min(num_anchors, n_valid))
     # Random keys; invalid positions get keys above every valid one, so topk skips them.
     keys = torch.rand(rows, seq_len, generator=generator).to(loss_mask.device)
     keys = keys + (~valid).to(keys.dtype) * 2.0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +102,7 @@ class Target:
     model: Any  # a transformers causal LM, eval mode, frozen
     layer_ids: list[int]
     mask_token_id: int
+    compiled_forwards: list[Any] = field(default_factory=list)  # see compile_layers
 
     @property
     def config(self) -> Any:
@@ -128,9 +131,33 @@ class Target:
         features = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
         return features, out.logits
 
+    def compile_layers(self) -> None:
+        """Run `features` through compiled decoder layers from now on (static shapes: a GPU
+        trainer's batches). The layers share one code object, so all of them use one graph; the
+        hooks that take their outputs stay outside it. `forward(logits=True)` and `greedy`
+        (any length, a KV cache) keep the uncompiled layers."""
+        self.compiled_forwards = [
+            torch.compile(layer.forward, dynamic=False) for layer in self.model.base_model.layers
+        ]
+
     def features(self, input_ids: Tensor) -> Tensor:
         """The features alone: the layers past the last feature layer are never run (at the
         Qwen3-8B shape 2 of 36 layers and the final norm), the outputs are taken by hooks."""
+        with self._layers_compiled():
+            return self._features(input_ids)
+
+    @contextlib.contextmanager
+    def _layers_compiled(self) -> Iterator[None]:
+        layers = self.model.base_model.layers
+        for layer, compiled in zip(layers, self.compiled_forwards, strict=False):
+            layer.forward = compiled  # an instance attribute: Module.__call__ finds it first
+        try:
+            yield
+        finally:
+            for layer in layers:
+                layer.__dict__.pop("forward", None)
+
+    def _features(self, input_ids: Tensor) -> Tensor:
         outputs: dict[int, Tensor] = {}
         last = self.layer_ids[-1]
 

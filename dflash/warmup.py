@@ -1,13 +1,16 @@
 """python -m dflash.warmup: fill the compile caches (TorchInductor, Triton) before training.
 
 Runs the drafter step (forward and backward) with the shapes and flags of training on each
-drafter GPU, one after the other in this one process: torch.compile, create_block_mask and
-the Triton autotuner are not thread-safe, so no two compilations ever race. Pass the same
-shape and drafter flags as to `dflash.train` (and --compile-drafter if training uses it), so
+drafter GPU, one after the other in this one process: torch.compile and the Triton autotuner
+are not thread-safe, so no two compilations ever race. Pass the same shape and drafter flags
+as to `dflash.train` (and --compile-drafter / --compile-target if training uses them), so
 the compiled graphs are the ones training will look up. Only the target's config is read;
 frozen weights are random stand-ins of the right shape and dtype. Point
 TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR where the trainer will look. Prints one JSON line
-per device: {device, first_step_s, warm_step_s, canary}.
+per device: {device, first_step_s, warm_step_s, canary}, and with --compile-target
+`target`: the target's compiled decoder layer, warmed on a one-layer stand-in of the target's
+config (every layer of the real target runs that one graph) and checked against the same layer
+uncompiled (relative L2 error of its output within the CUDA or CPU gradient bound).
 
 The canary: the first compiled step (compiled now, or loaded from the cache) is run again
 uncompiled, with the same weights, batch and anchor seed, and the two must agree within
@@ -31,6 +34,7 @@ CACHE_SUSPECT_EXIT (3): the cache it loaded or filled is suspect.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import math
@@ -49,7 +53,7 @@ from dflash.options import build_drafter, drafter_config, fixed_rows, gamma
 from dflash.pipeline import FeatureBatch
 from dflash.step import DrafterStep
 from dflash.supervision import CACHE_SUSPECT_EXIT
-from dflash.target import load_target_config
+from dflash.target import Target, load_target_config, random_model
 from dflash.topology import parse_gpu_list, require_gpus
 
 # The canary's bounds by device type: (relative loss error, relative L2 error of the gradients).
@@ -68,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--compile-drafter", action="store_true", help="as for training: compile the drafter"
+    )
+    parser.add_argument(
+        "--compile-target",
+        action="store_true",
+        help="as for training: compile the target's decoder layers (one stand-in layer here)",
     )
     add_drafter_args(parser)
     add_shape_args(parser)
@@ -164,14 +173,56 @@ def warm(device: torch.device, config: StepConfig, target_config: Any) -> dict[s
     }
 
 
+def warm_target(device: torch.device, config: StepConfig, target_config: Any) -> dict[str, Any]:
+    """The target's compiled decoder layer on the training batch's shape: seconds of its first
+    call, and its output against the uncompiled layer's."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    one_layer = copy.deepcopy(target_config)
+    one_layer.num_hidden_layers = 1  # the graph is one layer's, whichever layer runs it
+    model = random_model(one_layer, device, dtype).eval().requires_grad_(False)
+    target = Target(config.target_model, model, layer_ids=[0], mask_token_id=0)
+    rows = fixed_rows(config, device.type == "cuda")
+    ids = torch.randint(0, one_layer.vocab_size, (rows, config.max_seq_len), device=device)
+    eager, _ = target.forward(ids)
+    target.compile_layers()
+    start = time.perf_counter()
+    compiled, _ = target.forward(ids)
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    error = torch.linalg.vector_norm((compiled - eager).float()) / torch.linalg.vector_norm(
+        eager.float()
+    )
+    bound = TOLERANCE[device.type][1]
+    return {
+        "first_s": round(seconds, 3),
+        "rel_err": json_number(float(error)),
+        "tolerance": bound,
+        "ok": bool(error <= bound),  # NaN is not ok
+    }
+
+
+def healthy(line: dict[str, Any]) -> bool:
+    """Both canaries of a device's line passed (the target's where it was warmed)."""
+    return line["canary"]["ok"] and line.get("target", {}).get("ok", True)
+
+
 def suspect(line: dict[str, Any]) -> str:
     """What to do about a device whose canary failed."""
-    result = line["canary"]
     folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "(Inductor's default folder)")
+    result, target = line["canary"], line.get("target")
+    if result["ok"] and target is not None:
+        what = (
+            f"the compiled target layer disagrees with the eager one (relative error "
+            f"{target['rel_err']}; tolerance {target['tolerance']})"
+        )
+    else:
+        what = (
+            f"the compiled drafter step disagrees with the eager one (relative loss error "
+            f"{result['loss_rel_err']}, gradient error {result['grad_rel_err']}; tolerance "
+            f"{result['tolerance']})"
+        )
     return (
-        f"error: on {line['device']} the compiled drafter step disagrees with the eager one "
-        f"(relative loss error {result['loss_rel_err']}, gradient error {result['grad_rel_err']}; "
-        f"tolerance {result['tolerance']}): the compile cache {folder} is suspect; clear it "
+        f"error: on {line['device']} {what}: the compile cache {folder} is suspect; clear it "
         "(a deploy with -e dflash_compile_cache=clear) and warm again"
     )
 
@@ -191,12 +242,15 @@ def main(argv: list[str] | None = None) -> int:
         devices = [torch.device(f"cuda:{i}") for i in gpus] or [torch.device("cpu")]
         lines = []
         for device in devices:  # strictly one after the other
-            lines.append(warm(device, config, target_config))
+            line = warm(device, config, target_config)
+            if config.compile_target:
+                line["target"] = warm_target(device, config, target_config)
+            lines.append(line)
             print(json.dumps(lines[-1]), flush=True)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    failed = [line for line in lines if not line["canary"]["ok"]]
+    failed = [line for line in lines if not healthy(line)]
     for line in failed:
         print(suspect(line), file=sys.stderr)
     return CACHE_SUSPECT_EXIT if failed else 0

@@ -174,8 +174,9 @@ def warm_with_canary(
             raise
         raise CommandError(
             f"{what} failed its canary on an empty cache too (the suspect one is kept in "
-            f"{aside}): the compiled drafter step disagrees with the eager one, so the compiler, "
-            "not the cache, is at fault; deploy without --compile-drafter (dflash_trainer_args) "
+            f"{aside}): a compiled step disagrees with the eager one (the warmup's message "
+            "says which), so the compiler, not the cache, is at fault; deploy without "
+            "--compile-drafter or --compile-target, whichever it names (dflash_trainer_args), "
             f"or another torch. {cold}"
         ) from None
 

@@ -16,11 +16,13 @@ counts the keys each query may see (context before its anchor plus its own block
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -55,6 +57,10 @@ def parse() -> argparse.Namespace:
         help="then profile N more steps and print the kernels that took the most GPU time",
     )  # fmt: skip
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200)")
+    p.add_argument(
+        "--cpu", action="store_true",
+        help="run on the CPU (give it a small shape: a rehearsal of the script, not a figure)",
+    )  # fmt: skip
     return p.parse_args()
 
 
@@ -75,7 +81,8 @@ def model_flops(cfg: DrafterConfig, rows: int, seq_len: int, anchors: torch.Tens
 
 def main() -> None:
     args = parse()
-    device = torch.device("cuda:0")
+    device = torch.device("cpu" if args.cpu else "cuda:0")
+    dtype = torch.float32 if args.cpu else torch.bfloat16
     cfg = DrafterConfig(
         hidden_size=args.hidden,
         intermediate_size=args.intermediate,
@@ -91,17 +98,17 @@ def main() -> None:
         mask_token_id=args.vocab - 1,
         init_std=0.02,
     )
-    frozen = torch.randn(2, args.vocab, args.hidden, dtype=torch.bfloat16, device=device) * 0.02
+    frozen = torch.randn(2, args.vocab, args.hidden, dtype=dtype, device=device) * 0.02
     drafter = build_drafter(cfg, frozen[0], frozen[1], device, seed=0)
     step = DrafterStep(drafter, gamma=7.0, num_anchors=args.anchors, compile=args.compile)
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+    optimizer = torch.optim.AdamW(
+        drafter.parameters(), lr=1e-4, weight_decay=0.0, fused=not args.cpu
+    )
     rows, seq = args.rows, args.seq_len
     batch = FeatureBatch(
         input_ids=torch.randint(0, args.vocab - 1, (rows, seq), device=device),
         loss_mask=torch.ones(rows, seq, dtype=torch.bool, device=device),
-        features=torch.randn(
-            rows, seq, args.features * args.hidden, dtype=torch.bfloat16, device=device
-        ),
+        features=torch.randn(rows, seq, args.features * args.hidden, dtype=dtype, device=device),
         num_tokens=rows * seq,
     )
 
@@ -115,14 +122,11 @@ def main() -> None:
     times = []
     began = time.perf_counter()
     for i in range(args.warmup_steps + args.steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        train_step(i)
-        end.record()
-        torch.cuda.synchronize()
-        seconds = start.elapsed_time(end) / 1e3
+        seconds = timed(lambda i=i: train_step(i), device)
         if i == 0:
             first_step_s = time.perf_counter() - began  # compilation included
+            if args.compile:
+                print(compile_report(), file=sys.stderr, flush=True)
         print(f"step {i}: {seconds:.4f} s", file=sys.stderr, flush=True)
         if i >= args.warmup_steps:
             times.append(seconds)
@@ -146,10 +150,48 @@ def main() -> None:
     print(f"| step s (median of {args.steps}) | {step_s:.4f} (min {min(times):.4f}) |")
     print(f"| achieved TFLOP/s | {achieved:.0f} |")
     print(f"| MFU vs {args.peak_tflops:.0f} TFLOP/s | {100 * achieved / args.peak_tflops:.1f}% |")
-    print(f"| peak memory GiB | {torch.cuda.max_memory_allocated() / 2**30:.1f} |")
+    if not args.cpu:
+        print(f"| peak memory GiB | {torch.cuda.max_memory_allocated() / 2**30:.1f} |")
     print(f"| first step s (wall, compilation included) | {first_step_s:.1f} |")
-    if args.profile:
+    if args.profile and not args.cpu:
         profile(train_step, args.profile, step_s)
+
+
+def timed(fn: Callable[[], None], device: torch.device) -> float:
+    """Seconds of `fn` on the device (CUDA events), or wall seconds on the CPU."""
+    if device.type != "cuda":
+        began = time.perf_counter()
+        fn()
+        return time.perf_counter() - began
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def compile_report() -> str:
+    """Where the first step's compilation went: Dynamo's and Inductor's timers, summed."""
+    from torch._dynamo.utils import compile_times, get_compilation_metrics
+
+    rows = []
+    for line in str(compile_times(repr="str", aggregate=True)).splitlines():
+        name, _, value = line.rpartition(", ")
+        with contextlib.suppress(ValueError):
+            rows.append((float(value), name))
+    top = "\n".join(f"  {seconds:8.2f}  {name}" for seconds, name in sorted(rows)[::-1][:20])
+    graphs = "\n".join(
+        f"  {m.compile_id} {m.co_name} ({Path(m.co_filename or '?').name}): "
+        f"{'forward' if m.is_forward else 'backward'} "
+        f"{m.entire_frame_compile_time_s or 0:.1f} s whole, "
+        f"inductor {m.inductor_compile_time_s or 0:.1f} s"
+        for m in get_compilation_metrics()
+    )
+    return (
+        f"compile timers (s, summed over graphs; nested timers overlap), the top 20:\n{top}\n"
+        f"graphs compiled, in order:\n{graphs}"
+    )
 
 
 def profile(train_step: Callable[[int], None], steps: int, step_s: float) -> None:
@@ -169,6 +211,30 @@ def profile(train_step: Callable[[int], None], steps: int, step_s: float) -> Non
         ms = event.self_device_time_total / 1e3 / steps
         print(f"| {event.key[:90]} | {ms:.2f} | {ms / 1e3 / total:.1%} | {event.count // steps} |")
     print(f"| all kernels | {total * 1e3:.1f} (the step: {step_s * 1e3:.1f}) | | |")
+    print_gaps(prof, steps)
+
+
+def print_gaps(prof: Any, steps: int) -> None:
+    """The GPU's idle spans between kernels (the host not keeping the queue full), largest
+    first, with the kernels on either side."""
+    from torch.autograd import DeviceType
+
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA
+    )
+    gaps, busy_until, before = [], None, ""
+    for start, end, name in spans:
+        if busy_until is not None and start > busy_until:
+            gaps.append((start - busy_until, before, name))
+        if busy_until is None or end > busy_until:
+            busy_until, before = end, name
+    gaps.sort(reverse=True)
+    print(f"\nGPU idle between kernels: {sum(g[0] for g in gaps) / 1e3 / steps:.2f} ms a step "
+          f"in {len(gaps) // steps} gaps a step; the largest (ms, after -> before):")  # fmt: skip
+    for us, after, before_next in gaps[:12]:
+        print(f"  {us / 1e3:.3f}  {after[:60]} -> {before_next[:60]}")
 
 
 if __name__ == "__main__":

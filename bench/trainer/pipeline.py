@@ -14,6 +14,9 @@ fresh process group killed once it has done --steps steps (no final 12 GB checkp
     colocated-eager  GPU 0, drafter not compiled
     split-eager      target on GPU 0, drafter on GPU 1, drafter not compiled
 
+A run's name with `+target` (e.g. `colocated-warm+target`) adds --compile-target: the target's
+decoder layers compiled too.
+
 Per run: seconds from process start to the first step; the steady step time (median step_s of
 the log from step 3 on); tokens/s and the per-stage seconds of status.json; drafter MFU =
 drafter FLOPs / (drafter forward + backward + optimizer seconds) / peak; end-to-end MFU =
@@ -51,8 +54,8 @@ from dflash.objective import sample_anchors
 REPO = Path(__file__).resolve().parents[2]
 SEQ, ANCHORS, BLOCK, DRAFTER_LAYERS, FEATURES = 3072, 512, 16, 5, 5
 # name: (target GPUs, drafter GPUs, --compile-drafter, seconds allowed). One compile cache for
-# all, filled by the first run: "cold" must come first. Eager still compiles flex_attention and
-# create_block_mask (cache hits for the latter).
+# all, filled by the first run: "cold" must come first. Eager still compiles flex_attention
+# (cache hits after the cold run).
 RUNS = {
     "colocated-cold": ("0", "0", True, 300.0),
     "split-warm": ("0", "1", True, 150.0),
@@ -222,6 +225,11 @@ def main() -> None:
     parser.add_argument("--runs", default=",".join(RUNS))
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200)")
     args = parser.parse_args()
+    runs = args.runs.split(",")
+    for name in runs:
+        kind, plus, extra = name.partition("+")
+        if kind not in RUNS or (plus and extra != "target"):
+            sys.exit(f"--runs: '{name}' is not one of {', '.join(RUNS)} (each may end in +target)")
     out = args.out.resolve()
     if out.exists() and any(out.iterdir()):
         sys.exit(f"--out {out}: not empty (its compile cache would make the cold run warm)")
@@ -237,13 +245,15 @@ def main() -> None:
     peak = args.peak_tflops * 1e12
     results = []
     deadline = time.monotonic() + args.deadline
-    for name in args.runs.split(","):
-        target_gpus, drafter_gpus, compile_, limit = RUNS[name]
+    for name in runs:
+        kind, _, extra = name.partition("+")
+        target_gpus, drafter_gpus, compile_, limit = RUNS[kind]
         limit = min(limit, deadline - time.monotonic())
         if limit < 30:
             print(f"{name}: skipped, the deadline is near", flush=True)
             continue
         command = train_command(target, data, (target_gpus, drafter_gpus), compile_)
+        command += ["--compile-target"] if extra else []
         result = run_once(name, command, out / "cache", out, args.steps, limit)
         analyse(result, drafter_flops, target_fwd, peak)
         results.append(result)

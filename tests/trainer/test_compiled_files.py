@@ -136,3 +136,26 @@ def test_every_file_that_patches_torch_is_listed():
         if patches_torch(p.read_text())
     }
     assert patching <= set(compiled.FILES), f"patch torch, not listed: {patching}"
+
+
+def calls_torch_compile(source: str) -> bool:
+    return any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "compile"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "torch"
+        for node in ast.walk(ast.parse(source))
+    )
+
+
+def test_every_file_that_calls_torch_compile_is_listed():
+    assert calls_torch_compile("import torch\nf = torch.compile(g, dynamic=False)\n")
+    assert not calls_torch_compile("import re\nre.compile('x')\n")
+    compiling = {
+        f"dflash/{p.relative_to(PACKAGE).as_posix()}"
+        for p in PACKAGE.rglob("*.py")
+        if calls_torch_compile(p.read_text())
+    }
+    assert "dflash/target.py" in compiling
+    assert compiling <= set(compiled.FILES), f"call torch.compile, not listed: {compiling}"

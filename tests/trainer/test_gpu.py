@@ -108,6 +108,7 @@ def test_warmup_then_a_compiled_run(tmp_path):
         "--drafter-gpus",
         "0",
         "--compile-drafter",
+        "--compile-target",
         *SHAPE,
         cwd=tmp_path,
         env=env,
@@ -116,6 +117,7 @@ def test_warmup_then_a_compiled_run(tmp_path):
     assert warmed.returncode == 0, warmed.stderr
     line = json.loads(warmed.stdout.splitlines()[-1])
     assert line["device"] == "cuda:0" and line["warm_step_s"] < line["first_step_s"]
+    assert line["target"]["ok"], line
     assert os.listdir(tmp_path / "inductor")
 
     files = ["--checkpoint-dir", str(tmp_path / "ck"), "--status-file", str(tmp_path / "s")]
@@ -123,6 +125,7 @@ def test_warmup_then_a_compiled_run(tmp_path):
         "dflash.train",
         *SMALL_GPU_RUN,
         "--compile-drafter",
+        "--compile-target",
         "--max-steps",
         "3",
         *files,
@@ -131,6 +134,9 @@ def test_warmup_then_a_compiled_run(tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    # The warmup compiled every graph training runs, the target's layer included.
+    cache = json.loads((tmp_path / "s").read_text())["compile_cache"]
+    assert cache["hits"] > 0 and cache["misses"] == 0, cache
 
 
 def torchrun_gpus(tmp_path, name: str, target: str, drafter: str, *extra: str):

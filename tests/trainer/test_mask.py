@@ -1,10 +1,15 @@
-"""The mask predicate and its CPU rendering against a brute-force reading of the spec."""
+"""The mask predicate and its CPU rendering against a brute-force reading of the spec; the GPU's
+block mask against torch's create_block_mask of the same predicate."""
 
 from __future__ import annotations
 
-import torch
+import itertools
 
-from dflash.mask import blockwise_dense_mask, dflash_mask_mod
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
+
+from dflash.mask import blockwise_dense_mask, dflash_mask_mod, flex_block_mask
+from dflash.objective import sample_anchors
 
 
 def brute_force(anchors: torch.Tensor, kept: torch.Tensor, ctx_len: int, block: int):
@@ -68,3 +73,35 @@ def test_blockwise_dense_mask_is_the_predicate_on_reachable_keys():
                 assert torch.equal(local[b * n + j, 0], expected)
         # Nothing is lost: every key a block may see is a context key or one of its own.
         assert local.sum() == full.sum()
+
+
+BLOCK_MASK_FIELDS = [
+    f"{full}{side}_{what}" for full in ("", "full_") for side in ("kv", "q")
+    for what in ("num_blocks", "indices")
+]  # fmt: skip
+
+
+def test_flex_block_mask_is_the_one_create_block_mask_builds():
+    """The block mask worked out from the anchors equals create_block_mask's evaluation of the
+    predicate, tile by tile, partial and full tiles apart: context lengths on and off the
+    128-key tile, blocks that divide a tile, straddle tiles or exceed one, rows with every
+    anchor kept, some, and none."""
+    g = torch.Generator().manual_seed(0)
+    shapes = itertools.product([64, 300, 1000], [4, 13, 16], [4, 10, 16, 200], [1.0, 0.5, 0.0])
+    for ctx_len, n, block, share in shapes:
+        loss_mask = (
+            torch.rand(2, ctx_len, generator=g) < share
+            if share < 1
+            else torch.ones(2, ctx_len, dtype=torch.bool)
+        )
+        anchors, kept = sample_anchors(loss_mask, n, g, fixed=True)
+        q_len = n * block
+        expected = create_block_mask(
+            dflash_mask_mod(anchors, kept, ctx_len, block),
+            B=2, H=None, Q_LEN=q_len, KV_LEN=ctx_len + q_len, device="cpu",
+        )  # fmt: skip
+        built = flex_block_mask(anchors, kept, ctx_len, block)
+        case = f"ctx_len {ctx_len}, {n} blocks of {block}, loss share {share}"
+        for field in BLOCK_MASK_FIELDS:
+            assert torch.equal(getattr(built, field), getattr(expected, field)), (case, field)
+        assert (built.seq_lengths, built.BLOCK_SIZE) == (expected.seq_lengths, expected.BLOCK_SIZE)

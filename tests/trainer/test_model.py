@@ -82,3 +82,26 @@ def test_the_features_stop_after_the_last_feature_layer(tiny_target):
     assert logits is None and ran == []
     assert torch.equal(features, full)
     assert [len(layer._forward_hooks) for layer in layers] == hooks
+
+
+def test_compiled_target_layers_give_the_same_features_from_one_graph():
+    """`compile_layers`: every decoder layer runs one compiled graph (the layers share their
+    code), the features equal the uncompiled ones, and the logits forward and greedy decoding
+    (other shapes, a KV cache) still run the uncompiled layers."""
+    from torch._dynamo.utils import counters
+
+    from dflash.target import load_target
+
+    target = load_target("tiny", torch.device("cpu"), num_features=5, mask_token_id=None)
+    layers = target.model.base_model.layers
+    ids = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(0))
+    eager, _ = target.forward(ids)
+    graphs = counters["stats"]["unique_graphs"]
+    target.compile_layers()
+    compiled, _ = target.forward(ids)
+    assert counters["stats"]["unique_graphs"] - graphs == 1
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    assert not any("forward" in vars(layer) for layer in layers)  # swapped back after the call
+    target.forward(ids[:, :7], logits=True)
+    target.greedy(ids[:, :5], new_tokens=3)
+    assert counters["stats"]["unique_graphs"] - graphs == 1

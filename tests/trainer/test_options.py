@@ -87,3 +87,15 @@ def test_cli_error_exits_2_and_writes_a_failed_status(tmp_path):
     written = json.loads(status.read_text())
     assert written["state"] == "failed" and "5-x" in written["error"]
     assert written["run_id"] == "bad"
+
+
+def test_compile_target_on_the_cpu_needs_static_shapes(tmp_path):
+    """CPU batches change shape from step to step: a compiled target would recompile for each;
+    the trainer refuses before it loads anything, naming the fix."""
+    status = tmp_path / "status.json"
+    result = run_module("dflash.train", "--compile-target", "--status-file", str(status),
+                        cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 2
+    assert "--compile-target: on the CPU the target's batches change shape" in result.stdout
+    assert "add --compile-drafter" in result.stdout
+    assert json.loads(status.read_text())["state"] == "failed"
