@@ -127,7 +127,8 @@ from ansible.module_utils.dflash_envcheck import (
     find_python,
 )
 from ansible.module_utils.dflash_guarded import CommandError, run_checked
-from ansible.module_utils.dflash_lockfile import LockError, Watchdog, fence
+from ansible.module_utils.dflash_lock_watchdog import Watchdog
+from ansible.module_utils.dflash_lockfile import LockError, fence
 from ansible.module_utils.dflash_state import (
     ENV_MARKER,
     ENVS,

@@ -204,7 +204,8 @@ from ansible.module_utils.dflash_health import (
     throughput_problem,
     wait_healthy,
 )
-from ansible.module_utils.dflash_lockfile import LockError, Watchdog, fence
+from ansible.module_utils.dflash_lock_watchdog import Watchdog
+from ansible.module_utils.dflash_lockfile import LockError, fence
 from ansible.module_utils.dflash_memory import oom_kills
 from ansible.module_utils.dflash_plan import KEEP, trainer_plan
 from ansible.module_utils.dflash_procs import (

@@ -106,7 +106,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_compile_cache import CACHE_SUSPECT_EXIT, move_aside
 from ansible.module_utils.dflash_disk import MB, DiskGuard, DiskSpaceError
 from ansible.module_utils.dflash_guarded import CommandError, run_checked
-from ansible.module_utils.dflash_lockfile import LockError, Watchdog
+from ansible.module_utils.dflash_lock_watchdog import Watchdog
+from ansible.module_utils.dflash_lockfile import LockError
 from ansible.module_utils.dflash_runs import launch_env
 
 

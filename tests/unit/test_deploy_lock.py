@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from ansible.module_utils.dflash_lock_watchdog import Watchdog
 from ansible.module_utils.dflash_lockfile import (
     GENERATION,
     LOCK,
     LockError,
-    Watchdog,
     acquire,
     fence,
     generation,
