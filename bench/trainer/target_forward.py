@@ -30,6 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # dflash from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from drafter_step import timed
 from pipeline import FEATURES, SEQ, qwen3_8b_config, target_flops
 
 from dflash.target import Target, feature_layer_ids, random_model, tiny_config
@@ -54,19 +55,6 @@ def parse() -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200)")
     return p.parse_args()
-
-
-def timed(fn: Any, device: torch.device) -> float:
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3
-    began = time.perf_counter()
-    fn()
-    return time.perf_counter() - began
 
 
 def run_mode(mode: str, model: Any, layer_ids: list[int], ids: torch.Tensor, args: Any) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -125,16 +126,21 @@ def test_every_module_the_traced_files_import_is_listed():
         assert not missing, f"{path} imports {missing}, which dflash/compiled.py does not list"
 
 
+def package_files(test: Callable[[str], bool]) -> set[str]:
+    """The dflash files whose source passes `test`, as package paths."""
+    return {
+        f"dflash/{p.relative_to(PACKAGE).as_posix()}"
+        for p in PACKAGE.rglob("*.py")
+        if test(p.read_text())
+    }
+
+
 def test_every_file_that_patches_torch_is_listed():
     assert patches_torch("import torch\ntorch._inductor.config.fx_graph_cache = False\n")
     assert patches_torch("from torch._dynamo import config\nconfig.cache_size_limit += 8\n")
     assert patches_torch("import torch\nsetattr(torch.nn.functional, 'gelu', None)\n")
     assert not patches_torch("import torch\nx = torch.ones(2)\nx[0] = 1\n")
-    patching = {
-        f"dflash/{p.relative_to(PACKAGE).as_posix()}"
-        for p in PACKAGE.rglob("*.py")
-        if patches_torch(p.read_text())
-    }
+    patching = package_files(patches_torch)
     assert patching <= set(compiled.FILES), f"patch torch, not listed: {patching}"
 
 
@@ -152,10 +158,6 @@ def calls_torch_compile(source: str) -> bool:
 def test_every_file_that_calls_torch_compile_is_listed():
     assert calls_torch_compile("import torch\nf = torch.compile(g, dynamic=False)\n")
     assert not calls_torch_compile("import re\nre.compile('x')\n")
-    compiling = {
-        f"dflash/{p.relative_to(PACKAGE).as_posix()}"
-        for p in PACKAGE.rglob("*.py")
-        if calls_torch_compile(p.read_text())
-    }
+    compiling = package_files(calls_torch_compile)
     assert "dflash/target.py" in compiling
     assert compiling <= set(compiled.FILES), f"call torch.compile, not listed: {compiling}"
