@@ -201,6 +201,7 @@ from ansible.module_utils.dflash_disk import disk_full_message, is_disk_full
 from ansible.module_utils.dflash_health import (
     LaunchError,
     job_problem,
+    speed_text,
     throughput_problem,
     wait_healthy,
 )
@@ -346,7 +347,7 @@ def adopt(module: AnsibleModule, dog: Watchdog, record: dict, manifest: dict, re
     )
     result["msg"] = (
         f"adopted trainer pid {record['pid']} (run {run_id}), which an interrupted run started: "
-        f"healthy at step {status.get('step')}, {tokens_per_s:.1f} tokens/s, now recorded"
+        f"healthy at step {status.get('step')}, {speed_text(status)}, now recorded"
     )
     return result
 
@@ -459,7 +460,7 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
     stopped_text = stop_summary(result["stopped"])
     result["msg"] = (
         f"started trainer pid {proc.pid} (run {run_id}, {why}): healthy at step "
-        f"{status.get('step')}, {tokens_per_s:.1f} tokens/s"
+        f"{status.get('step')}, {speed_text(status)}"
         + (f"; old trainers: {stopped_text}" if stopped_text else "")
         + (f"; resumed from the checkpoint of step {status.get('resumed_from_step')}, the "
            f"previous run had reached step {reached}: {lost} steps lost" if lost else "")

@@ -83,6 +83,19 @@ def wait_healthy(
     )
 
 
+def speed_text(status: dict) -> str:
+    """A healthy status's tokens/s as measured, and, on a busy host, the figure with the
+    trainer's wait for a CPU left out: the one verify and later gates compare with."""
+    measured = float(status.get("tokens_per_s") or 0.0)
+    unstarved = status.get("unstarved_tokens_per_s")
+    if unstarved and measured < WAIT_NOISE * unstarved:
+        return (
+            f"{measured:.1f} tokens/s ({float(unstarved):.1f} with its wait for a CPU left "
+            "out: a busy host)"
+        )
+    return f"{measured:.1f} tokens/s"
+
+
 def throughput_problem(
     params: dict, tokens_per_s: float, unstarved: float | None = None
 ) -> str | None:

@@ -3,7 +3,7 @@ signal, what status.json said (never 'None')."""
 
 from __future__ import annotations
 
-from ansible.module_utils.dflash_health import ended, throughput_problem
+from ansible.module_utils.dflash_health import ended, speed_text, throughput_problem
 from ansible.module_utils.dflash_procs import stop_summary
 
 
@@ -49,3 +49,16 @@ def test_the_gate_compares_the_figure_without_the_wait_for_a_cpu_and_the_floor_a
     # The floor is the user's on real tokens/s: a busy host under it fails it.
     floored = dict(params, min_tokens_per_s=500.0)
     assert "under the floor of 500" in throughput_problem(floored, 330.0, 990.0)
+
+
+def test_a_healthy_trainer_on_a_busy_host_is_shown_with_both_figures():
+    """The deploy's "healthy at step N" names the figure verify will show for that health
+    check (the wait for a CPU left out) beside the one measured, when they differ."""
+    busy = {"tokens_per_s": 1578.7, "unstarved_tokens_per_s": 2534.2}
+    assert speed_text(busy) == (
+        "1578.7 tokens/s (2534.2 with its wait for a CPU left out: a busy host)"
+    )
+    assert speed_text({"tokens_per_s": 1000.0, "unstarved_tokens_per_s": 1020.0}) == (
+        "1000.0 tokens/s"
+    )
+    assert speed_text({"tokens_per_s": 1000.0}) == "1000.0 tokens/s"

@@ -235,6 +235,9 @@ def test_the_wait_for_a_cpu_is_left_out_of_what_is_judged():
         "; 335 tokens/s as measured: the trainer waited for a CPU 66% of the time (a busy "
         "host), left out of the 1000 judged"
     )
+    # The summary names the health check's own figure as measured beside the one it judges by.
+    lines = verify_summary_lines(verify_summary(busy_check, 0.8))
+    assert "| health check 2000 (#2 v2, 1000 as measured on a busy host, x0.5) |" in lines[1]
 
 
 def test_windows_of_an_older_trainer_without_unstarved_figures_are_judged_as_measured():
