@@ -16,7 +16,6 @@ counts the keys each query may see (context before its anchor plus its own block
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 import time
@@ -172,15 +171,10 @@ def timed(fn: Callable[[], None], device: torch.device) -> float:
 
 
 def compile_report() -> str:
-    """Where the first step's compilation went: Dynamo's and Inductor's timers, summed."""
-    from torch._dynamo.utils import compile_times, get_compilation_metrics
+    """Where the first step's compilation went: each graph Dynamo compiled, in order, with its
+    seconds (a backward graph's count only Inductor's)."""
+    from torch._dynamo.utils import get_compilation_metrics
 
-    rows = []
-    for line in str(compile_times(repr="str", aggregate=True)).splitlines():
-        name, _, value = line.rpartition(", ")
-        with contextlib.suppress(ValueError):
-            rows.append((float(value), name))
-    top = "\n".join(f"  {seconds:8.2f}  {name}" for seconds, name in sorted(rows)[::-1][:20])
     graphs = "\n".join(
         f"  {m.compile_id} {m.co_name} ({Path(m.co_filename or '?').name}): "
         f"{'forward' if m.is_forward else 'backward'} "
@@ -188,10 +182,7 @@ def compile_report() -> str:
         f"inductor {m.inductor_compile_time_s or 0:.1f} s"
         for m in get_compilation_metrics()
     )
-    return (
-        f"compile timers (s, summed over graphs; nested timers overlap), the top 20:\n{top}\n"
-        f"graphs compiled, in order:\n{graphs}"
-    )
+    return f"graphs compiled, in order:\n{graphs}"
 
 
 def profile(train_step: Callable[[int], None], steps: int, step_s: float) -> None:
