@@ -119,12 +119,17 @@ def json_number(value: float) -> float | str:
     return value if math.isfinite(value) else str(value)
 
 
+def relative_error(got: Tensor, want: Tensor) -> float:
+    """Relative L2 error of `got` against `want`, in fp32 (NaN where either holds one)."""
+    diff = torch.linalg.vector_norm((got - want).float())
+    return (diff / torch.linalg.vector_norm(want.float()).clamp_min(1e-12)).item()
+
+
 def canary(compiled: StepRun, eager: StepRun, device: torch.device) -> dict[str, Any]:
     """The JSON line's `canary`: do the compiled and the eager step agree (NaN never does)?"""
     loss_bound, grad_bound = TOLERANCE[device.type]
     loss_err = abs(compiled.loss - eager.loss) / max(abs(eager.loss), 1e-12)
-    diff = torch.linalg.vector_norm(compiled.grads - eager.grads)
-    grad_err = (diff / torch.linalg.vector_norm(eager.grads).clamp_min(1e-12)).item()
+    grad_err = relative_error(compiled.grads, eager.grads)
     return {
         "ok": loss_err <= loss_bound and grad_err <= grad_bound,
         "loss_compiled": json_number(compiled.loss),
@@ -189,15 +194,13 @@ def warm_target(device: torch.device, config: StepConfig, target_config: Any) ->
     compiled, _ = target.forward(ids)
     synchronize(device)
     seconds = time.perf_counter() - start
-    error = torch.linalg.vector_norm((compiled - eager).float()) / torch.linalg.vector_norm(
-        eager.float()
-    )
+    error = relative_error(compiled, eager)
     bound = TOLERANCE[device.type][1]
     return {
         "first_s": round(seconds, 3),
-        "rel_err": json_number(float(error)),
+        "rel_err": json_number(error),
         "tolerance": bound,
-        "ok": bool(error <= bound),  # NaN is not ok
+        "ok": error <= bound,  # NaN is not ok
     }
 
 
