@@ -167,9 +167,15 @@ def test_kill_9_at_each_step_then_a_plain_rerun_converges(
             states = [f.get("state") for f in verify.report["hosts"]["local"]["findings"]]
             assert verify.rc != 0 and "interrupted" in states, (point, verify.output)
 
+        # Killed at its banner, the record module may still finish below the dead play (a
+        # short write whose last act gives the lock up): then nothing is left to take over.
+        recorded_below = point == "record" and not (root / ".deploy.lock").exists()
         rerun = playbook("deploy.yml", dflash_ref=tag, **base)
         assert rerun.rc == 0, (point, killed_output, rerun.output)
-        assert "took over the deploy lock" in rerun.text, (point, rerun.output)
+        if recorded_below:
+            assert "took over" not in rerun.text and rerun.changed() == 0, rerun.output
+        else:
+            assert "took over the deploy lock" in rerun.text, (point, rerun.output)
         again = playbook("deploy.yml", dflash_ref=tag, **base)
         assert again.rc == 0 and again.changed() == 0, (point, again.output)
         verify = playbook("verify.yml")
