@@ -31,9 +31,10 @@ description:
     seconds. A task polled by Ansible itself (C(async) with C(poll) above 0; the compile cache
     warm-up) prints the same line instead of C(ASYNC POLL), and no C(ASYNC OK) line.
   - O(display_ok_hosts) and O(display_skipped_hosts) are off by default (a no-op deploy fits
-    on a screen), and an C(ok) result that says something, a C(debug) message or a warning, is
-    shown all the same (the default hides those warnings with the result); C(included) lines
-    are hidden with the other C(ok) results.
+    on a screen), and an C(ok) result that says something, a C(debug) message, a warning or
+    the notes of C(dflash_check) (action_plugins/dflash_check.py), is shown all the same (the
+    default hides those warnings with the result); C(included) lines are hidden with the other
+    C(ok) results.
   - "A failed task is printed once, as C(fatal: [host]: <its message>), then where the task is
     (C(file:line)) and the C(stderr) it left, if any. The default prints a failure twice, an
     error summary with a source excerpt and then the whole result. With
@@ -210,6 +211,8 @@ class CallbackModule(DefaultCallback):
                 self._started.get(key, time.monotonic()), float(limit) if limit else None
             )  # fmt: skip
         says = result.task.action in C._ACTION_DEBUG or bool(raw.get("warnings"))
+        # A result marked to be shown without -v (dflash_check's notes) says something too.
+        says = says or bool(raw.get("_ansible_verbose_always"))
         if isinstance(result.task, TaskInclude) and not self._ok_shown():
             return
         with self._option("display_ok_hosts", self._ok_shown() or says):
