@@ -75,7 +75,11 @@ def test_slow_release_rolled_back_in_one_container_history_and_diff_say_so(
         assert "+# v2" in found["files"]["text"]["dflash/__init__.py"]
         changes = {(c["section"], c["name"]): (c["from"], c["to"]) for c in found["changes"]}
         assert changes[("run_sh", "trainer_args.sleep_per_step")] == (None, 2.0)
-        assert found["throughput"]["ratio"] < 0.5
+        # The figures the two history lines recorded, as measured: on a loaded machine a CPU
+        # step can take seconds, so only the direction of the 2 s sleep is certain, not 0.5.
+        speed, (_, rolled_back, back) = found["throughput"], hosts[slow_host]
+        assert (speed["from"], speed["to"]) == (back["tokens_per_s"], rolled_back["tokens_per_s"])
+        assert speed["ratio"] == round(speed["to"] / speed["from"], 3) < 1, speed
 
         audit = pct_playbook("verify.yml")
         assert audit.rc == 0, audit.output
