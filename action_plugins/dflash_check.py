@@ -18,14 +18,10 @@ description:
     message is, by the dflash stdout callback.
 options:
   problems:
-    description: What refuses the run; the task fails with these, joined by O(separator).
+    description: What refuses the run; the task fails with these, joined by a space.
     type: list
     elements: str
     default: []
-  separator:
-    description: What joins the problems into one message.
-    type: str
-    default: " "
   warnings:
     description: What the user should know, shown as warnings (also when the task fails).
     type: list
@@ -47,26 +43,26 @@ msg:
 """
 
 
+# Each option a list of messages (empty by default), as DOCUMENTATION says.
+ARGUMENT_SPEC = {
+    name: {"type": "list", "elements": "str", "default": []}
+    for name in ("problems", "warnings", "notes")
+}
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("problems", "separator", "warnings", "notes"))
+    _VALID_ARGS = frozenset(ARGUMENT_SPEC)
     _supports_check_mode = True
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
         result = super().run(tmp, task_vars)
-        _, args = self.validate_argument_spec(
-            argument_spec={
-                "problems": {"type": "list", "elements": "str", "default": []},
-                "separator": {"type": "str", "default": " "},
-                "warnings": {"type": "list", "elements": "str", "default": []},
-                "notes": {"type": "list", "elements": "str", "default": []},
-            }
-        )
+        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         result["changed"] = False
         if args["warnings"]:
             result["warnings"] = args["warnings"]
         if args["problems"]:
-            result.update(failed=True, msg=args["separator"].join(args["problems"]))
+            result.update(failed=True, msg=" ".join(args["problems"]))
         elif args["notes"]:
             notes = args["notes"]
             # Shown without -v, as a debug task's message is.

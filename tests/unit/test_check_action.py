@@ -41,11 +41,6 @@ def test_problems_fail_with_every_message_and_the_warnings_still_show(tmp_path):
     assert "reached the next task" not in text
 
 
-def test_problems_are_joined_by_the_separator(tmp_path):
-    run = play(tmp_path, problems=["a", "b"], separator="; ")
-    assert run.returncode == 2 and "fatal: [localhost]: a; b" in run.stdout, run.stdout
-
-
 def test_warnings_alone_pass_and_notes_show_without_v(tmp_path):
     run = play(tmp_path, warnings=["mind the layout"], notes=["started container 200"])
     text = " ".join((run.stdout + run.stderr).split())
