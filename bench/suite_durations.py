@@ -77,8 +77,12 @@ def report(junit: Path, log: Path, top: int) -> str:
         "",
         table(
             [
-                (test, f"{p.get('setup', 0):.1f}", f"{p.get('call', 0):.1f}",
-                 f"{p.get('teardown', 0):.1f}")  # fmt: skip
+                (
+                    test,
+                    f"{p.get('setup', 0):.1f}",
+                    f"{p.get('call', 0):.1f}",
+                    f"{p.get('teardown', 0):.1f}",
+                )
                 for test, p in sorted(times.items(), key=lambda kv: -sum(kv[1].values()))[:top]
             ],
             ("slowest tests", "setup", "call", "teardown"),
