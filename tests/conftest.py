@@ -75,24 +75,50 @@ def target_root(tmp_path: Path) -> Path:
     return tmp_path / "target" / "dflash"
 
 
-# The loopback test bed's tests; see pytest_xdist_make_scheduler.
+# The loopback test bed's tests: every test that needs the bed lives here, and nothing else
+# (pytest_collection_modifyitems holds both ways). See pytest_xdist_make_scheduler.
 BED_TESTS = "tests/proxmox/"
+BED_FIXTURE = "proxmox_testbed"
+# Folders of many short tests that share module-scoped fixtures (a warmed compile cache, a
+# trained checkpoint): a module goes to one worker, so each such fixture is made once.
+WHOLE_MODULES = ("tests/unit/", "tests/trainer/")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Where a test runs follows what it needs: a test that uses the bed must be in
+    tests/proxmox/ (the bed's worker), and one there must use it (or bring up beds itself)."""
+    misplaced = [
+        item.nodeid
+        for item in items
+        if (BED_FIXTURE in getattr(item, "fixturenames", ())) != item.nodeid.startswith(BED_TESTS)
+        and not item.nodeid.startswith(BED_TESTS + "test_testbed.py")  # beds of its own
+    ]
+    if misplaced:
+        raise pytest.UsageError(
+            f"tests that use the loopback test bed belong in {BED_TESTS} and the others "
+            f"outside it (the bed's worker runs exactly that folder): {', '.join(misplaced)}"
+        )
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """Under pytest-xdist (`make test` runs two workers) every test on the loopback test bed
-    goes to one worker, so one bed comes up. The other tests are spread one at a time. xdist
-    hands out the largest group first, so the bed's (the longest) does not start last. (Scoped
-    by path here: xdist's own `xdist_group` mark is lost under pytest 9, which no longer reads
-    the node id that xdist 3.8 rewrites.)"""
+    goes to one worker, so one bed comes up; xdist hands out the largest group first, so the
+    bed's (the longest) does not start last. The unit and trainer tests go a module at a time
+    (their module-scoped fixtures are made once); the other tests one at a time, to spread the
+    long ones. (Scoped by path here: xdist's own `xdist_group` mark is lost under pytest 9,
+    which no longer reads the node id that xdist 3.8 rewrites.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    class BedTestsTogether(LoadScopeScheduling):
+    class ByNeed(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "testbed" if nodeid.startswith(BED_TESTS) else nodeid
+            if nodeid.startswith(BED_TESTS):
+                return "testbed"
+            if nodeid.startswith(WHOLE_MODULES):
+                return nodeid.split("::", 1)[0]
+            return nodeid
 
-    return BedTestsTogether(config, log)
+    return ByNeed(config, log)
 
 
 def _run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:

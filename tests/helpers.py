@@ -159,14 +159,20 @@ def build_wheel(folder: Path, name: str, version: str, payload_mb: int = 0) -> P
     return wheel
 
 
-def record_tokens_per_s(root: Path, release: str, tokens_per_s: float) -> None:
-    """Set the tokens/s that history.jsonl's newest healthy line of `release` recorded at its
-    health check: a reference figure a test controls, where a measured one would be noise."""
-    path = root / "history.jsonl"
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def with_tokens_per_s(history: str, release: str, tokens_per_s: float) -> str:
+    """history.jsonl's text with the tokens/s that the newest healthy line of `release`
+    recorded at its health check set: a reference figure a test controls, where a measured one
+    would be noise."""
+    lines = [json.loads(line) for line in history.splitlines() if line.strip()]
     index = max(
         i for i, e in enumerate(lines) if e["release"] == release and e["result"] == "healthy"
     )
     lines[index]["tokens_per_s"] = tokens_per_s
     lines[index]["unstarved_tokens_per_s"] = tokens_per_s  # what verify compares windows with
-    path.write_text("".join(json.dumps(line, sort_keys=True) + "\n" for line in lines))
+    return "".join(json.dumps(line, sort_keys=True) + "\n" for line in lines)
+
+
+def record_tokens_per_s(root: Path, release: str, tokens_per_s: float) -> None:
+    """with_tokens_per_s() on the history.jsonl of a local state root."""
+    path = root / "history.jsonl"
+    path.write_text(with_tokens_per_s(path.read_text(), release, tokens_per_s))

@@ -5,6 +5,7 @@ flags of the compiled step) is refused the archive, is told why, and compiles it
 
 from __future__ import annotations
 
+import functools
 import json
 import tarfile
 from pathlib import Path
@@ -12,17 +13,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import REPO, run_playbook
+from tests.helpers import REPO, run_playbook, seed_target
 from tests.integration.test_local_cache import COMPILED
 
 
-def hosts_inventory(tmp_path: Path, names: tuple[str, ...], **per_host: dict) -> Path:
-    """inventory/local.yml's host once per name, each with its own state root."""
+def hosts_inventory(tmp_path: Path, names: tuple[str, ...], envs: Path, **per_host: dict) -> Path:
+    """inventory/local.yml's host once per name, each with its own state root, seeded with the
+    run's torch env (what is tested here is the compile cache, not the env build)."""
     text = (REPO / "inventory" / "local.yml").read_text()
     inventory = yaml.safe_load(text.replace("{{ inventory_dir | dirname }}", str(REPO)))
     hosts = inventory["all"]["children"]["dflash_targets"]["hosts"]
     base = hosts.pop("local")
     for name in names:
+        seed_target(tmp_path / name, envs)
         hosts[name] = {**base, "dflash_root": str(tmp_path / name), **per_host.get(name, {})}
     path = tmp_path / f"inventory-{'-'.join(names)}.yml"
     path.write_text(yaml.safe_dump(inventory))
@@ -48,7 +51,7 @@ def cache_step(root: Path) -> dict:
 
 
 @pytest.mark.timeout(3600)  # two compiles and two unpacks, on a loaded machine
-def test_one_host_compiles_the_others_take_its_cache(tmp_path, trainer_repo):
+def test_one_host_compiles_the_others_take_its_cache(tmp_path, trainer_repo, local_envs):
     store = tmp_path / "store"
     common = {
         "dflash_source_dir": str(trainer_repo), "dflash_ref": "v1", "dflash_launch": False,
@@ -56,8 +59,8 @@ def test_one_host_compiles_the_others_take_its_cache(tmp_path, trainer_repo):
         "dflash_trainer_args": COMPILED,
     }  # fmt: skip
     # A compile on a loaded 2-core machine: the warmup's own bound (1800 s), not the default 600.
-    both = run_playbook("deploy.yml", common, inventory=hosts_inventory(tmp_path, ("n1", "n2")),
-                        timeout=1800)  # fmt: skip
+    hosts = functools.partial(hosts_inventory, tmp_path, envs=local_envs)
+    both = run_playbook("deploy.yml", common, inventory=hosts(("n1", "n2")), timeout=1800)
     assert both.rc == 0, both.output
     assert compiled_here(both.output, "n1") and not compiled_here(both.output, "n2"), both.output
     [archive] = store.iterdir()
@@ -69,7 +72,7 @@ def test_one_host_compiles_the_others_take_its_cache(tmp_path, trainer_repo):
     assert [cache_step(tmp_path / n)["did"] for n in ("n1", "n2")] == ["compiled", "received"]
 
     # A host deployed later takes the kept archive: nothing is compiled.
-    later = run_playbook("deploy.yml", common, inventory=hosts_inventory(tmp_path, ("n3",)))
+    later = run_playbook("deploy.yml", common, inventory=hosts(("n3",)))
     assert later.rc == 0, later.output
     assert not compiled_here(later.output, "n3"), later.output
     assert fx_entries(tmp_path / "n3") == fx_entries(tmp_path / "n1")
@@ -83,8 +86,7 @@ def test_one_host_compiles_the_others_take_its_cache(tmp_path, trainer_repo):
     (forged / "built-by.json").write_text(json.dumps({**marker, "torch": "9.9.9"}))
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(forged / "built-by.json", arcname="built-by.json")
-    refused = run_playbook("deploy.yml", common, inventory=hosts_inventory(tmp_path, ("n4",)),
-                           timeout=1800)  # fmt: skip
+    refused = run_playbook("deploy.yml", common, inventory=hosts(("n4",)), timeout=1800)
     assert refused.rc == 0, refused.output
     assert "n4 does not take" in refused.output and "torch 9.9.9" in refused.output
     assert compiled_here(refused.output, "n4")

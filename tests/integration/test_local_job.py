@@ -13,13 +13,14 @@ from pathlib import Path
 
 import yaml
 
-from tests.helpers import REPO, run_playbook
-from tests.integration.conftest import add_release, read_json
+from tests.helpers import REPO, run_playbook, seed_target
+from tests.integration.conftest import IDLE_STEP_S, add_release, read_json
 
 # Two ranks per host (a target and a drafter rank) on the CPU, small enough for a 2-core box.
 JOB_ARGS = {
     "target_model": "tiny", "gen_samples": 64, "cpu_ranks": True, "dist_timeout": 60,
     "max_seq_len": 64, "token_budget": 256, "num_anchors": 16, "drafter_layers": 2,
+    "sleep_per_step": IDLE_STEP_S,  # four ranks training flat out would hold both cores
 }  # fmt: skip
 HOSTS = ("n1", "n2")
 
@@ -30,14 +31,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def job_inventory(tmp_path: Path, **per_host: dict) -> Path:
-    """inventory/local.yml's host twice, as the two hosts of job j1, each with its own root."""
+def job_inventory(tmp_path: Path, envs: Path | None = None, **per_host: dict) -> Path:
+    """inventory/local.yml's host twice, as the two hosts of job j1, each with its own root
+    (seeded with the run's torch env when `envs` is given: the refusals need no env)."""
     text = (REPO / "inventory" / "local.yml").read_text()
     inventory = yaml.safe_load(text.replace("{{ inventory_dir | dirname }}", str(REPO)))
     hosts = inventory["all"]["children"]["dflash_targets"]["hosts"]
     base = hosts.pop("local")
     port = free_port()
     for name in HOSTS:
+        if envs is not None and not (tmp_path / name).exists():
+            seed_target(tmp_path / name, envs)
         (tmp_path / name).mkdir(exist_ok=True)
         hosts[name] = {
             **base, "dflash_root": str(tmp_path / name), "dflash_job": "j1",
@@ -72,9 +76,9 @@ def history(root: Path) -> list[dict]:
     return [json.loads(line) for line in (root / "history.jsonl").read_text().splitlines()]
 
 
-def test_a_job_is_deployed_verified_and_rolled_back_as_one(tmp_path, trainer_repo):
+def test_a_job_is_deployed_verified_and_rolled_back_as_one(tmp_path, trainer_repo, local_envs):
     add_release(trainer_repo, "v2", "dflash/__init__.py", "\n# v2\n")
-    inventory = job_inventory(tmp_path)
+    inventory = job_inventory(tmp_path, local_envs)
     source = {"dflash_source_dir": str(trainer_repo), "dflash_health_timeout": 240}
     try:
         first = run(tmp_path, "deploy.yml", inventory, dflash_ref="v1", **source)

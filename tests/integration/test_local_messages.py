@@ -123,7 +123,9 @@ def test_repairs_write_history_and_check_mode_names_the_same_reasons(
     check = deploy("v1", _check=True)
     real = deploy("v1")
     assert real.rc == 0, real.output
-    [line] = history_lines(target_root)[before:]
+    new_lines = history_lines(target_root)[before:]
+    assert len(new_lines) == 1, new_lines
+    [line] = new_lines
     assert any("has drifted from its lock" in why for why in line["repaired"]), line
     for reason in line["why"]:
         assert reason in check.text, (reason, check.text)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import TRAINER_ARGS
 from tests.testbed.bed import Testbed
 
 from .ansible_run import run_playbook
@@ -206,7 +207,7 @@ def test_an_oom_kill_in_the_container_is_reported_by_verify(
     limit_mb = int(bed.read_config(vmid).current.options["memory"])
     run = pct_playbook(
         "deploy.yml", dflash_hosts=host, dflash_source_dir=str(trainer_repo), dflash_ref="v1",
-        dflash_launch=True,
+        dflash_launch=True, dflash_trainer_args=TRAINER_ARGS,
     )  # fmt: skip
     try:
         assert run.rc == 0, run.output

@@ -17,12 +17,22 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.conftest import add_release
+from tests.helpers import with_tokens_per_s
+from tests.integration.conftest import IDLE_STEP_S, add_release
 from tests.throttle import SCRIPT
 
-ARGS = {"target_model": "tiny", "gen_samples": 64}
-# A short window (--throughput-window): a throttled trainer fills it in 5 slow steps.
-THROTTLED_ARGS = {**ARGS, "token_budget": 64, "throughput_window": 5}
+# The trainers idle between steps (IDLE_STEP_S) as the local tests' do: two containers
+# training flat out would take both cores from the other pytest worker.
+ARGS = {"target_model": "tiny", "gen_samples": 16, "sleep_per_step": IDLE_STEP_S}
+# A short window (--throughput-window): a throttled trainer fills it in 5 slow steps. It trains
+# flat out: its speed is what is judged.
+THROTTLED_ARGS = {"target_model": "tiny", "gen_samples": 64, "token_budget": 64,
+                  "throughput_window": 5}  # fmt: skip
+# The slow release sleeps 2 s more after each step of at most 512 tokens: at most 170 tokens/s.
+# Its container's reference is set to 10x that, so the gate (0.5) fires however fast or loaded
+# the machine is, as in tests/integration/test_local_health_gate.py.
+SLOW_SLEEP_S = IDLE_STEP_S + 2.0
+REFERENCE = 10 * 512 / SLOW_SLEEP_S
 
 
 def test_slow_release_rolled_back_in_one_container_history_and_diff_say_so(
@@ -35,12 +45,15 @@ def test_slow_release_rolled_back_in_one_container_history_and_diff_say_so(
     try:
         first = pct_playbook("deploy.yml", dflash_ref="v1", **common)
         assert first.rc == 0, first.output
+        history = f"{pct_playbook.root}/history.jsonl"
+        text = with_tokens_per_s(bed.attach(slow_ct, "cat", history).stdout, "v1", REFERENCE)
+        bed.attach(slow_ct, "sh", "-c", f"printf %s {shlex.quote(text)} > {history}")
 
         add_release(trainer_repo, "v2", "dflash/__init__.py", "\n# v2\n")
-        # One container gets a trainer flag that sleeps 2 s after every step (host vars: an
-        # extra var would win over them).
+        # One container gets a trainer flag that sleeps 2 s more after every step (host vars:
+        # an extra var would win over them).
         per_host = {
-            slow_ct: {"dflash_trainer_args": dict(ARGS, sleep_per_step=2.0)},
+            slow_ct: {"dflash_trainer_args": dict(ARGS, sleep_per_step=SLOW_SLEEP_S)},
             fine_ct: {"dflash_trainer_args": ARGS},
         }
         second = pct_playbook(
@@ -74,7 +87,7 @@ def test_slow_release_rolled_back_in_one_container_history_and_diff_say_so(
         assert found["files"]["changed"] == ["dflash/__init__.py"]
         assert "+# v2" in found["files"]["text"]["dflash/__init__.py"]
         changes = {(c["section"], c["name"]): (c["from"], c["to"]) for c in found["changes"]}
-        assert changes[("run_sh", "trainer_args.sleep_per_step")] == (None, 2.0)
+        assert changes[("run_sh", "trainer_args.sleep_per_step")] == (IDLE_STEP_S, SLOW_SLEEP_S)
         # The figures the two history lines recorded, as measured: on a loaded machine a CPU
         # step can take seconds, so only the direction of the 2 s sleep is certain, not 0.5.
         speed, (_, rolled_back, back) = found["throughput"], hosts[slow_host]

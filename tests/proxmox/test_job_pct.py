@@ -11,12 +11,13 @@ import json
 import socket
 import time
 
-from tests.integration.conftest import add_release
+from tests.integration.conftest import IDLE_STEP_S, add_release
 
 # Two ranks per container (a target and a drafter rank) on the CPU.
 JOB_ARGS = {
     "target_model": "tiny", "gen_samples": 64, "cpu_ranks": True, "dist_timeout": 60,
     "max_seq_len": 64, "token_budget": 256, "num_anchors": 16, "drafter_layers": 2,
+    "sleep_per_step": IDLE_STEP_S,  # four ranks training flat out would hold both cores
 }  # fmt: skip
 # v2 crashes at start where this file exists (one container only).
 FAIL_MARK = "/etc/dflash-test-refuse-v2"
