@@ -68,9 +68,9 @@ def test_a_snapshot_locks_and_freezes_the_container_and_the_module_says_so(
 ) -> None:
     vmid = bed.vmids[0]
     bed.edit_config(vmid, delete=["mp0"])  # a container Proxmox can snapshot
-    # A snapshot someone else takes (pct snapshot on the node) while the deploy checks: 30 s,
-    # 10x what the check takes, so that it still runs on a loaded machine.
-    bed.set_fault("snapshot_seconds", 30)
+    # A snapshot someone else takes (pct snapshot on the node) while the deploy checks: held
+    # until the check is done (then set to 0), so that it still runs on a loaded machine.
+    bed.set_fault("snapshot_seconds", 600)
     with ThreadPoolExecutor(1) as pool:
         other = pool.submit(bed.ssh_run, ["pct", "snapshot", str(vmid), "by-hand"])
         deadline = time.monotonic() + 30
@@ -83,6 +83,7 @@ def test_a_snapshot_locks_and_freezes_the_container_and_the_module_says_so(
         refused = run(bed, tmp_path, {}, vmids=[vmid])[bed.hostname(vmid)]
         assert refused["failed"] is True and changes(bed, mark) == []
         assert "is locked (snapshot): a snapshot of it is being taken." in refused["msg"]
+        bed.set_fault("snapshot_seconds", 0)
         assert other.result(timeout=120)[0] == 0
     assert lxc_state(bed, vmid) == "RUNNING"
     conf = bed.read_config(vmid)

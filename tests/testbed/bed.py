@@ -342,7 +342,9 @@ class Testbed:
         path = self.root / "faults.json"
         faults = json.loads(path.read_text()) if path.exists() else {}
         faults[key] = value
-        path.write_text(json.dumps(faults))
+        temp = path.with_suffix(".tmp")  # renamed into place: a double never reads half of it
+        temp.write_text(json.dumps(faults))
+        temp.rename(path)
 
     def task_results(self, kind: str, vmid: int | None = None) -> list[tuple[str, str]]:
         """(UPID, exit status) of every finished task of this type (and container), oldest

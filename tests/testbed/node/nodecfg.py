@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 ENV_VAR = "DFLASH_TESTBED_NODE"
@@ -97,3 +99,11 @@ def fault(cfg: NodeConfig, key: str, default: object) -> object:
         return json.loads(path.read_text()).get(key, default)
     except FileNotFoundError:
         return default
+
+
+def hold(seconds: Callable[[], float]) -> None:
+    """Wait as long as `seconds()` says, read again as it waits: a fault a test set long is
+    ended by the test setting it to 0, so the double does not outwait a loaded machine."""
+    began = time.monotonic()
+    while time.monotonic() - began < seconds():
+        time.sleep(0.05)

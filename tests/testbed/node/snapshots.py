@@ -8,7 +8,7 @@ import time
 
 from . import lxcctl
 from .errors import PveError, Task
-from .nodecfg import fault
+from .nodecfg import fault, hold
 
 TYPE_CHECKING = False  # not from typing: see cli.py
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class Snapshots:
         if frozen:
             lxcctl.freeze(self.cfg, vmid)
         try:
-            time.sleep(float(fault(self.cfg, "snapshot_seconds", 0)))  # type: ignore[arg-type]
+            hold(lambda: float(fault(self.cfg, "snapshot_seconds", 0)))  # type: ignore[arg-type]
         finally:
             if frozen:
                 lxcctl.thaw(self.cfg, vmid)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .nodecfg import ENV_VAR, NodeConfig, fault
+from .nodecfg import ENV_VAR, NodeConfig, fault, hold
 
 UPID_RE = re.compile(
     r"^UPID:([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?):([0-9A-Fa-f]{8}):([0-9A-Fa-f]{8,9}):"
@@ -150,8 +150,9 @@ def run(
     log = TaskLog(log_path(node, upid), echo)
     if announce is not None:
         announce(upid)
-    # Fault injection (bed.delay_tasks): the worker takes this long before it starts.
-    time.sleep(float(fault(node, "task_delay", {}).get(kind, 0)))  # type: ignore[attr-defined]
+    # Fault injection (bed.delay_tasks): the worker waits that long before it starts, read
+    # again as it waits, so a test that sets 0 lets a held task go at once.
+    hold(lambda: float(fault(node, "task_delay", {}).get(kind, 0)))  # type: ignore[attr-defined]
     error = None
     try:
         work(log)
