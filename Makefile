@@ -1,6 +1,7 @@
 # Two commands do all the set-up (README "Quick start"):
 #   make demo   deploy to the embedded local target (a CPU trainer), then verify it
-#   make test   lint everything and run the test suite
+#   make test   lint everything and run the test suite (what CI runs)
+# For the inner loop: make test-quick (lint, the unit tests and the trainer's quick tests).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 export PATH := $(BIN):$(PATH)
 PLAYBOOKS := $(wildcard *.yml) $(wildcard playbooks/*.yml)
 
-.PHONY: venv demo test lint unit clean-sandbox
+.PHONY: venv demo test test-quick lint clean-sandbox
 
 venv: $(STAMP)
 
@@ -51,10 +52,16 @@ lint: venv
 # Two workers: much of the suite waits on trainers and containers, so two cores go further.
 PYTEST_WORKERS ?= 2
 
+# (test_module_docs.py and test_connection_docs.py run in lint already)
+IN_LINT := --ignore=tests/unit/test_module_docs.py --ignore=tests/unit/test_connection_docs.py
+
 test: lint
-	@# (test_module_docs.py and test_connection_docs.py ran in lint already)
-	pytest -n $(PYTEST_WORKERS) --durations=40 --ignore=tests/unit/test_module_docs.py \
-		--ignore=tests/unit/test_connection_docs.py
+	pytest -n $(PYTEST_WORKERS) --durations=40 $(IN_LINT)
+
+# The inner loop, a few minutes: no playbook runs, no test bed, no compiles or process groups
+# (`slow`). `make test` is still the proof before a commit lands.
+test-quick: lint
+	pytest -n $(PYTEST_WORKERS) -m "not slow" $(IN_LINT) tests/unit tests/trainer
 
 clean-sandbox:
 	rm -rf sandbox .build reports

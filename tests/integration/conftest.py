@@ -12,16 +12,17 @@ import pytest
 from tests.helpers import REPO, build_wheel
 
 # A test's trainer keeps training in the background while the test goes on (verify, more
-# deploys), and on a 2-core machine one tiny trainer training flat out takes a core from the
-# other pytest worker. A sleep after each step keeps it mostly idle (a CPU step takes ~0.3 s);
-# the health check's 5 steps take 5 s longer. Tests that judge speed set their own sleep.
-IDLE_STEP_S = 1.0
-# 16 self-generated samples (1 024 tokens, two CPU batches): each start generates them anew.
-# No periodic checkpoint unless a test asks for one (a stop still writes one): a checkpoint
-# landing in the middle of a test's own steps is a second thing happening at once.
+# deploys), and on a 2-core machine one trainer training flat out takes a core from the other
+# pytest worker. So it trains the smallest step (2 drafter layers, 128 tokens: ~0.06 CPU-s,
+# against 0.6 s at the defaults) and sleeps after each (IDLE_STEP_S): ~10% of a core. Tests
+# that judge speed set their own sleep.
+IDLE_STEP_S = 0.5
+# 16 self-generated samples (1 024 tokens): each start generates them anew. No periodic
+# checkpoint unless a test asks for one (a stop still writes one): a checkpoint landing in the
+# middle of a test's own steps is a second thing happening at once.
 TRAINER_ARGS = {
-    "target_model": "tiny", "gen_samples": 16, "checkpoint_every": 1000,
-    "sleep_per_step": IDLE_STEP_S,
+    "target_model": "tiny", "gen_samples": 16, "drafter_layers": 2, "token_budget": 128,
+    "checkpoint_every": 1000, "sleep_per_step": IDLE_STEP_S,
 }  # fmt: skip
 
 

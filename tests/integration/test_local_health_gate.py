@@ -9,12 +9,20 @@ import os
 import time
 
 from tests.helpers import record_tokens_per_s
-from tests.integration.conftest import TRAINER_ARGS, add_release, alive, read_json, status_of
+from tests.integration.conftest import (
+    IDLE_STEP_S,
+    TRAINER_ARGS,
+    add_release,
+    alive,
+    read_json,
+    status_of,
+)
 
-# The slow release sleeps 2 s after each step of at most 512 tokens: at most 256 tokens/s on
-# any machine. The reference is set to 10x that, so the gate (0.5) must fire however fast or
-# loaded the machine is; a measured reference would make the outcome depend on the load.
-SLOW_BOUND = 512 / 2.0
+# The slow release sleeps 2 s after each step of at most 128 tokens (TRAINER_ARGS): at most
+# 64 tokens/s on any machine. The reference is set to 10x that, so the gate (0.5) must fire
+# however fast or loaded the machine is; a measured reference would make the outcome depend on
+# the load.
+SLOW_BOUND = TRAINER_ARGS["token_budget"] / 2.0
 REFERENCE = 10 * SLOW_BOUND
 
 
@@ -94,7 +102,7 @@ def test_slow_release_is_rolled_back_by_the_throughput_gate(
     assert found["files"]["changed"] == ["dflash/__init__.py"]
     assert "+# v2" in found["files"]["text"]["dflash/__init__.py"]
     changes = {(c["section"], c["name"]): (c["from"], c["to"]) for c in found["changes"]}
-    assert changes[("run_sh", "trainer_args.sleep_per_step")] == (None, 2.0)
+    assert changes[("run_sh", "trainer_args.sleep_per_step")] == (IDLE_STEP_S, 2.0)
     assert found["throughput"]["ratio"] < 0.5
 
     assert playbook("verify.yml").rc == 0, "the rolled-back state must verify clean"

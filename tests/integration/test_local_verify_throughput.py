@@ -28,9 +28,11 @@ from tests.helpers import record_tokens_per_s
 from tests.integration.conftest import TRAINER_ARGS, read_json, status_of
 from tests.throttle import throttled
 
+# Its speed is what is judged here: the trainer trains flat out (no idle sleep between steps).
+FULL_SPEED = dict(TRAINER_ARGS, sleep_per_step=0)
 # A short window (--throughput-window): a throttled trainer fills it in 5 slow steps, not 20.
 WINDOW = 5
-ARGS = dict(TRAINER_ARGS, token_budget=64, throughput_window=WINDOW)
+ARGS = dict(FULL_SPEED, token_budget=64, throughput_window=WINDOW)
 STOPPED_SHARE = 0.97
 RATIO = 0.8  # dflash_verify_min_throughput_ratio's default
 FLOOR = 0.5  # the band's floor, however noisy the health check's steps were
@@ -157,7 +159,7 @@ def test_an_unchanged_trainer_on_a_busy_host_stays_ok(deploy, playbook, target_r
         for _ in range(len(os.sched_getaffinity(0)))
     ]
     try:
-        assert deploy("v1", dflash_trainer_args=TRAINER_ARGS).rc == 0
+        assert deploy("v1", dflash_trainer_args=FULL_SPEED).rc == 0
         wait_status(target_root, lambda s: len(last_windows(s)) == JUDGED, 600,
                     f"{JUDGED} complete windows")  # fmt: skip
         verdicts = []

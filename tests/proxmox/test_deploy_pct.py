@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ElementTree
 
 from tests.deployed.suite_run import TRAINER_TESTS, run_suite
 from tests.helpers import PlaybookRun, run_playbook
-from tests.integration.conftest import IDLE_STEP_S, add_release
+from tests.integration.conftest import TRAINER_ARGS, add_release
 from tests.testbed.bed import API_USER, Testbed
 from tests.testbed.node.storage import volume_folder
 
@@ -269,7 +269,7 @@ def test_real_trainer_healthy_then_each_drift_named(bed, pct_playbook, trainer_r
     the deployed-state suite pass on it. Then every drift of a running trainer's state is made
     for real in the containers, in two rounds (restoring in between), and verify.yml names each
     with what it expected and what it found; the suite fails on the first round's drifts."""
-    args = {"target_model": "tiny", "gen_samples": 16, "sleep_per_step": IDLE_STEP_S}
+    args = TRAINER_ARGS
     root = pct_playbook.root
     a, b = bed.vmids
     host_a, host_b = bed.hostname(a), bed.hostname(b)

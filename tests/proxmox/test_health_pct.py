@@ -18,21 +18,21 @@ import time
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import with_tokens_per_s
-from tests.integration.conftest import IDLE_STEP_S, add_release
+from tests.integration.conftest import IDLE_STEP_S, TRAINER_ARGS, add_release
 from tests.throttle import SCRIPT
 
 # The trainers idle between steps (IDLE_STEP_S) as the local tests' do: two containers
 # training flat out would take both cores from the other pytest worker.
-ARGS = {"target_model": "tiny", "gen_samples": 16, "sleep_per_step": IDLE_STEP_S}
+ARGS = TRAINER_ARGS
 # A short window (--throughput-window): a throttled trainer fills it in 5 slow steps. It trains
 # flat out: its speed is what is judged.
 THROTTLED_ARGS = {"target_model": "tiny", "gen_samples": 64, "token_budget": 64,
                   "throughput_window": 5}  # fmt: skip
-# The slow release sleeps 2 s more after each step of at most 512 tokens: at most 170 tokens/s.
+# The slow release sleeps 2 s more after each step of at most 128 tokens: at most 51 tokens/s.
 # Its container's reference is set to 10x that, so the gate (0.5) fires however fast or loaded
 # the machine is, as in tests/integration/test_local_health_gate.py.
 SLOW_SLEEP_S = IDLE_STEP_S + 2.0
-REFERENCE = 10 * 512 / SLOW_SLEEP_S
+REFERENCE = 10 * TRAINER_ARGS["token_budget"] / SLOW_SLEEP_S
 
 
 def test_slow_release_rolled_back_in_one_container_history_and_diff_say_so(

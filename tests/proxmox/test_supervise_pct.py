@@ -11,11 +11,11 @@ import statistics
 import textwrap
 import time
 
-from tests.integration.conftest import IDLE_STEP_S
+from tests.integration.conftest import TRAINER_ARGS
 from tests.proxmox.test_deploy_pct import sh
 
-# Idle between steps (IDLE_STEP_S), so a checkpoint comes every 4 steps, not 10.
-ARGS = {"target_model": "tiny", "checkpoint_every": 4, "sleep_per_step": IDLE_STEP_S}
+# Idle between steps (TRAINER_ARGS), so a checkpoint comes every 4 steps, not 10.
+ARGS = {**TRAINER_ARGS, "checkpoint_every": 4}
 POLICY = {"dflash_restart_policy": {"backoff": 1, "backoff_max": 4}, "dflash_hang_after": 15}
 RECORDS = """python3 - <<'EOF'
 import json, random

@@ -12,7 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from .conftest import REPO, cli_env
+
+# Not in `make test-quick`: several processes compiling at once.
+pytestmark = pytest.mark.slow
 
 # The warmup's drafter step, small: the compile still makes every kind of cache entry.
 STEP = ["--compile-drafter", "--drafter-layers", "1", "--max-seq-len", "64",

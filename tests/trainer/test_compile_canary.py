@@ -26,6 +26,9 @@ from dflash.supervision import CACHE_SUSPECT_EXIT, CANARY_FAILED, move_aside
 from .conftest import FAST, REPO, argv, cli_env, read_status, run_module
 from .test_supervise import RUN_ID, Supervised
 
+# Not in `make test-quick`: real Inductor compiles on the CPU.
+pytestmark = pytest.mark.slow
+
 # The smallest compiled step: one drafter layer, two rows of 64 tokens, 8 anchors a row.
 COMPILED = argv("--compile-drafter --drafter-layers 1 --max-seq-len 64 --token-budget 128 "
                 "--num-anchors 8")  # fmt: skip

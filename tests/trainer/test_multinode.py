@@ -18,8 +18,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from .conftest import cli_env, log_losses, read_status, wait_for_status
 from .test_multiprocess import SHAPE, argv, children, files, finish, torchrun
+
+# Not in `make test-quick`: two torchrun agents and their ranks.
+pytestmark = pytest.mark.slow
 
 SPLIT_NODE = argv("--target-gpus 0 --drafter-gpus 1")  # per node: a target and a drafter rank
 STEPS = 8

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from .conftest import argv, cli_env, log_losses, read_status, wait_for_status
@@ -22,6 +23,9 @@ SHAPE = argv(
     "--target-model tiny --drafter-layers 2 --gen-samples 64 --log-every 1 --max-seq-len 64 "
     "--token-budget 256 --num-anchors 16 --cpu-ranks --dist-timeout 60"
 )
+
+# Not in `make test-quick`: torchrun process groups on the CPU.
+pytestmark = pytest.mark.slow
 SPLIT = argv("--target-gpus 0 --drafter-gpus 1")
 COLOCATED = argv("--target-gpus 0 --drafter-gpus 0")
 STEPS = 8
