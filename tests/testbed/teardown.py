@@ -53,6 +53,11 @@ def teardown(
             ref = procs.start_time(pid)
             if ref is not None and not procs.stop(ProcRef(pid, ref, f"CT {vmid} init")):
                 problems.append(f"CT {vmid} init (pid {pid}) did not stop")
+    for folder in lxcctl.cgroup_folders(root):
+        try:
+            folder.rmdir()
+        except OSError as exc:
+            problems.append(f"cgroup {folder}: {exc.strerror}")
     sshd = next((s for s in servers if s.what.startswith("sshd")), None)
     namespace = procs.mount_namespace(sshd.pid) if sshd is not None and sshd.alive() else None
     for server in servers:

@@ -90,7 +90,25 @@ def mount_source(node: NodeConfig, key: str, value: str, unpriv: bool) -> tuple[
     return source, target, mount.get("ro") in ("1", "true", "yes", "on")
 
 
-def memory_limit(vmid: int, opts: dict[str, str], shared_net: bool) -> list[str]:
+def cgroup_name(node: NodeConfig, vmid: int, part: str) -> str:
+    """The cgroup folder of a container (`payload`) or of its LXC monitor (`monitor`), named
+    after the bed: LXC's default `lxc.payload.<vmid>` is taken by a folder another bed left
+    behind or by a bed running beside this one with the same vmids, and LXC then silently
+    makes `lxc.payload.<vmid>-1` (Proxmox VE 8 names them `lxc/<vmid>` and `lxc.monitor/<vmid>`,
+    one node per machine)."""
+    return f"{Path(node.root).name}.{part}.{vmid}"
+
+
+def cgroup_folders(root: Path) -> list[Path]:
+    """The cgroup folders of a bed's containers and monitors left in any hierarchy (LXC removes
+    them when a container stops; a killed monitor leaves them), deepest first."""
+    found = [path for hierarchy in Path("/sys/fs/cgroup").iterdir() if hierarchy.is_dir()
+             for path in hierarchy.glob(f"{root.name}.*") if path.is_dir()]  # fmt: skip
+    nested = [sub for path in found for sub in path.rglob("*") if sub.is_dir()]
+    return sorted(found + nested, key=lambda path: len(path.parts), reverse=True)
+
+
+def memory_limit(node: NodeConfig, vmid: int, opts: dict[str, str], shared_net: bool) -> list[str]:
     """LXC.pm `update_lxc_config`: the container's memory limit from `memory`, and memory +
     swap from `swap` (`// 0`), in the keys of the node's cgroup version, so the kernel
     OOM-kills inside a container that goes over it. A container that sees the node's /sys
@@ -103,7 +121,7 @@ def memory_limit(vmid: int, opts: dict[str, str], shared_net: bool) -> list[str]
         if (MEMCG_V1 / "memory.memsw.limit_in_bytes").exists():  # swap accounting on
             lines.append(f"lxc.cgroup.memory.memsw.limit_in_bytes = {(memory + swap) << 20}")
         if shared_net:
-            own = MEMCG_V1 / f"lxc.payload.{vmid}"
+            own = MEMCG_V1 / cgroup_name(node, vmid, "payload")
             lines.append(f"lxc.mount.entry = {own} sys/fs/cgroup/memory none bind 0 0")
         return lines
     if CGROUP_V2_CONTROLLERS.exists() and "memory" in CGROUP_V2_CONTROLLERS.read_text().split():
@@ -112,11 +130,11 @@ def memory_limit(vmid: int, opts: dict[str, str], shared_net: bool) -> list[str]
     return []
 
 
-def change_memory_limit(vmid: int, opts: dict[str, str]) -> None:
+def change_memory_limit(node: NodeConfig, vmid: int, opts: dict[str, str]) -> None:
     """LXC/Cgroup.pm `change_memory_limit`, as `vmconfig_hotplug_pending` runs it for a
     `memory` or `swap` set on a running container (cgroup v1: memory + swap may never be
     below memory, so the order of the two writes follows the direction of the change)."""
-    folder = MEMCG_V1 / f"lxc.payload.{vmid}"
+    folder = MEMCG_V1 / cgroup_name(node, vmid, "payload")
     if not (folder / "memory.limit_in_bytes").exists():
         return
     memory, swap = int(opts.get("memory", "512")), int(opts.get("swap", "0"))
@@ -146,6 +164,8 @@ def derive_lxc_config(vmid: int, section: Section, node: NodeConfig) -> str:
         # node's gets the node's /sys bound instead.
         "lxc.mount.auto = proc:mixed cgroup:mixed" + ("" if shared_net else " sys:mixed"),
         "lxc.autodev = 1",
+        f"lxc.cgroup.dir.monitor = {cgroup_name(node, vmid, 'monitor')}",
+        f"lxc.cgroup.dir.container = {cgroup_name(node, vmid, 'payload')}",
         "lxc.pty.max = 64",
         "lxc.tty.max = 0",
         # minbase has no init; merged /usr means the target must be usr/sbin/... (TESTBED.md)
@@ -154,7 +174,7 @@ def derive_lxc_config(vmid: int, section: Section, node: NodeConfig) -> str:
     ]
     if shared_net:
         lines.append("lxc.mount.entry = /sys sys none rbind,ro,create=dir 0 0")
-    lines += memory_limit(vmid, opts, shared_net)
+    lines += memory_limit(node, vmid, opts, shared_net)
     if unpriv:
         lines += [f"lxc.idmap = u 0 {ID_SHIFT} 65536", f"lxc.idmap = g 0 {ID_SHIFT} 65536"]
     if opts.get("arch"):

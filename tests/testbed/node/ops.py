@@ -215,7 +215,7 @@ class Node(Snapshots):
                 conf.pending.options["delete"] = ",".join(dict.fromkeys(pending_delete))
             self.store.write(vmid, conf)
             if live and {"memory", "swap"} & set(values):  # LXC.pm `vmconfig_hotplug_pending`
-                lxcctl.change_memory_limit(vmid, conf.current.options)
+                lxcctl.change_memory_limit(self.cfg, vmid, conf.current.options)
             for key in sorted(conf.current.options):  # LXC.pm `update_lxc_config`
                 if DEVN.fullmatch(key):
                     check_device(key, conf.current.options[key])
