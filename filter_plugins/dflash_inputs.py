@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+import yaml
 from dflash_env_lock import lock_id, lock_problems
 from dflash_layout import (
     LayoutError,
@@ -34,14 +35,43 @@ _SOURCES = ("roles/**/*.yml", "roles/**/*.j2", "playbooks/**/*.yml", "inventory/
             "connection_plugins/*.py")  # fmt: skip
 
 
+# A filter's name where a filter plugin maps it to its function ("dflash_lock_id": lock_id,).
+_FILTER = re.compile(r'"(dflash_[a-z0-9_]+)":\s*[a-z_]')
+
+
+def _plugin_names() -> set[str]:
+    """Names of modules, action plugins, roles and filters: named in tasks, never variables,
+    unless a role also takes one as an input (dflash_launch)."""
+    names = {path.stem for pattern in ("library/*.py", "action_plugins/*.py",
+                                       "roles/*/action_plugins/*.py")
+             for path in REPO.glob(pattern)}  # fmt: skip
+    names |= {path.name for path in REPO.glob("roles/dflash*") if path.is_dir()}
+    for path in REPO.glob("filter_plugins/*.py"):
+        names.update(_FILTER.findall(path.read_text(encoding="utf-8")))
+    return names
+
+
+def _role_inputs() -> set[str]:
+    """Every role's declared inputs: its argument spec's options and its defaults."""
+    names: set[str] = set()
+    for path in REPO.glob("roles/*/meta/argument_specs.yml"):
+        for entry in (yaml.safe_load(path.read_text()) or {}).get("argument_specs", {}).values():
+            names.update((entry or {}).get("options") or {})
+    for path in REPO.glob("roles/*/defaults/main.yml"):
+        names.update(yaml.safe_load(path.read_text()) or {})
+    return names
+
+
 @functools.cache
 def known_names() -> frozenset[str]:
+    """Every dflash_* name a role, template, playbook or inventory reads, less the names of
+    plugins (history.yml -e dflash_report=html sets nothing the toolkit reads)."""
     names: set[str] = set()
     for pattern in _SOURCES:
         for path in REPO.glob(pattern):
             text = _COMMENT.sub("", path.read_text(encoding="utf-8", errors="replace"))
             names.update(_NAME.findall(text))
-    return frozenset(names)
+    return frozenset((names - _plugin_names()) | _role_inputs())
 
 
 # A name this close to a known one, whatever its prefix or case (dlfash_ref, flash_ref, dflashref,
@@ -77,10 +107,10 @@ def near_known(name: str) -> str | None:
     return near[0][1] if near else None
 
 
-def unknown_vars(names: list[str]) -> list[str]:
+def unknown_vars(names: list[str], strict: bool = False) -> list[str]:
     """One sentence per variable set that no part of the toolkit reads and that looks like one of
     ours (a dflash_* name, or one near a known name), naming the closest known one; [] when
-    there is none."""
+    there is none. Strict (refused): with the two ways out."""
     known = known_names()
     out = []
     for name in sorted(set(names) - known):
@@ -92,6 +122,11 @@ def unknown_vars(names: list[str]) -> list[str]:
         else:
             continue
         out.append(f"{name} is set but unknown to dflash-deploy ({hint})")
+    if strict and out:
+        out[-1] += (
+            ". Nothing was changed: correct the name where it is set (-e, the inventory); a "
+            "variable another tool reads is a warning instead with dflash_strict_vars: false"
+        )
     return out
 
 
@@ -127,6 +162,7 @@ SHAPES: dict[str, tuple[str, list | dict]] = {
     "dflash_env_lock": ("a mapping (docs/environment-lock.md)", _LOCK_EXAMPLE),
     "dflash_lock": ("a mapping, now named dflash_env_lock", _LOCK_EXAMPLE),
     "dflash_trainer_args": ("a mapping of flag: value", {"max_steps": 100}),
+    "dflash_trainer_args_defaults": ("a mapping of flag: value", {"target_model": "tiny"}),
     "dflash_trainer_env": ("a mapping of NAME: value", {"NCCL_DEBUG": "WARN"}),
     "dflash_trainer_env_allow": ("a list of variable names", ["LD_PRELOAD"]),
     "dflash_torchrun_args": ("a list of strings", ["--nnodes", "2"]),

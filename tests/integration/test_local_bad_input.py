@@ -87,16 +87,37 @@ def deployed(tmp_path_factory: pytest.TempPathFactory, local_envs: Path) -> dict
             {"dflash_trainer_args": {"target_model": "tiny", "seed": "$(id)"}},
             ["argument --seed: '$(id)' is not an integer"],
         ),
-        # A typo in a variable name, with strict checking on; outside the dflash_ prefix too.
+        # A typo in a variable name, refused by every playbook; outside the dflash_ prefix too.
         (
             "deploy.yml",
-            {"dflash_keep_release": 3, "dflash_strict_vars": True},
-            ["dflash_keep_release is set but unknown", "did you mean dflash_keep_releases?"],
+            {"dflash_keep_release": 3},
+            [
+                "dflash_keep_release is set but unknown",
+                "did you mean dflash_keep_releases?",
+                "Nothing was changed: correct the name where it is set",
+                "a warning instead with dflash_strict_vars: false",
+            ],
         ),
         (
             "deploy.yml",
-            {"dlfash_ref": "v1", "dflash_strict_vars": True},
+            {"dlfash_ref": "v1"},
             ["dlfash_ref is set but unknown to dflash-deploy (did you mean dflash_ref?)"],
+        ),
+        ("deploy.yml", {"dflash_dta": "/data/store"}, ["dflash_dta", "did you mean dflash_data?"]),
+        ("rollback.yml", {"dflash_relase": "v1"}, ["did you mean dflash_release?"]),
+        (
+            "verify.yml",
+            {"dflash_verfy_json": "/tmp/v.json"},
+            ["dflash_verfy_json is set but unknown", "did you mean dflash_verify_json?"],
+        ),
+        ("history.yml", {"dflash_report": "html"}, ["dflash_report is set but unknown"]),
+        ("diff.yml", {"dflash_form": 1}, ["dflash_form is set but unknown"]),
+        ("export.yml", {"dflash_export_dri": "/tmp/x"}, ["dflash_export_dri is set but unknown"]),
+        ("playbooks/stop.yml", {"dflash_stop_timout": 5}, ["did you mean dflash_stop_timeout?"]),
+        (
+            "playbooks/wheelhouse.yml",
+            {"dflash_wheelhose": "/tmp/w"},
+            ["dflash_wheelhose is set but unknown"],
         ),
         # A list or mapping given as a string (-e dflash_trainer_args=max_steps=100): the spec
         # takes 'k=v' for a mapping and 'a,b' for a list, the dflash role's first task does not.
@@ -177,12 +198,12 @@ def test_a_lock_wheel_the_wheelhouse_lacks_is_refused_first(deployed, local_lock
     assert snapshot(root) == before
 
 
-def test_warnings_for_unknown_variables_and_code_changing_env(deployed):
+def test_with_strict_vars_off_unknown_names_and_code_changing_env_are_warnings(deployed):
     root = Path(deployed["dflash_root"])
     before = snapshot(root)
     run = run_playbook(
         "deploy.yml",
-        {**deployed, "dflash_restrat": True, "dlfash_ref": "v1",
+        {**deployed, "dflash_restrat": True, "dlfash_ref": "v1", "dflash_strict_vars": False,
          "dflash_trainer_env": {"LD_PRELOAD": "/x.so"}},
         check=True,
     )  # fmt: skip
@@ -199,10 +220,10 @@ def test_warnings_for_unknown_variables_and_code_changing_env(deployed):
     assert snapshot(root) == before
 
 
-def test_code_changing_env_is_refused_when_strict_unless_allowed(deployed):
+def test_code_changing_env_is_refused_by_default_unless_allowed(deployed):
     root = Path(deployed["dflash_root"])
     before = snapshot(root)
-    strict = {**deployed, "dflash_strict_vars": True, "dflash_trainer_env": {"LD_PRELOAD": "/x.so"}}
+    strict = {**deployed, "dflash_trainer_env": {"LD_PRELOAD": "/x.so"}}
     run = run_playbook("deploy.yml", strict)
     assert run.rc != 0
     assert "dflash_trainer_env sets LD_PRELOAD='/x.so'" in run.text, run.output

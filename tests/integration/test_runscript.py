@@ -248,3 +248,19 @@ def test_a_bad_restart_policy_is_named(tmp_path, variables, named):
     run, run_sh = render(tmp_path, dflash_trainer_args={"target_model": "tiny"}, **variables)
     assert run.rc != 0 and named in run.output, run.output
     assert not run_sh.exists()
+
+
+def test_trainer_args_add_to_the_defaults_flag_by_flag(tmp_path):
+    """-e dflash_trainer_args={checkpoint_every: 20} keeps the default target_model: tiny; null
+    leaves a default's flag out; a flag set wins over its default."""
+    run, run_sh = render(tmp_path, dflash_trainer_args={"checkpoint_every": 20})
+    assert run.rc == 0, run.output
+    argv = execute(run_sh, tmp_path)["argv"]
+    assert argv[:6] == ["-m", "dflash.train", "--target-model", "tiny", "--checkpoint-every", "20"]
+    run, run_sh = render(tmp_path, dflash_trainer_args={"target_model": None, "seed": 3})
+    assert run.rc == 0, run.output
+    argv = execute(run_sh, tmp_path)["argv"]
+    assert "--target-model" not in argv and argv[:4] == ["-m", "dflash.train", "--seed", "3"]
+    run, run_sh = render(tmp_path, dflash_trainer_args={"target_model": "/models/Qwen3-8B"})
+    assert run.rc == 0, run.output
+    assert execute(run_sh, tmp_path)["argv"][2:4] == ["--target-model", "/models/Qwen3-8B"]

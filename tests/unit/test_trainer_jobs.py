@@ -27,8 +27,13 @@ def start(root: Path) -> subprocess.Popen:
 
 
 def wait_for(root: Path, count: int) -> list[dict]:
-    deadline = time.monotonic() + 20
-    while len(found := find_trainers(str(root))) < count and time.monotonic() < deadline:
+    """The trainer processes once `count` are there, each in its own session: a worker is
+    seen between its fork and its setsid (start_new_session) on a loaded machine."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = find_trainers(str(root))
+        if len(found) >= count and all(p["pgid"] == p["pid"] for p in found):
+            break
         time.sleep(0.05)
     return found
 
