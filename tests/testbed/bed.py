@@ -379,8 +379,7 @@ class Testbed:
         override variables. `connection` is the project's pipelining plugin `dflash_pct` unless
         a test asks for the plain `community.proxmox.proxmox_pct_remote` (PLAIN_PCT_CONNECTION).
         Also sets the `proxmox_api_*` variables of the node's HTTPS API
-        (the privilege-separated token `dflash@pve!deploy`, the CA file to trust) and
-        `dflash_wheelhouse` (the container-side wheelhouse path).
+        (the privilege-separated token `dflash@pve!deploy`, the CA file to trust).
         """
         ssh_port = self.port if port is None else port
         common: dict[str, Any] = {
@@ -399,7 +398,6 @@ class Testbed:
             "proxmox_api_token_id": API_TOKEN,
             "proxmox_api_token_secret": self.token_secret(),
             "proxmox_api_ca_file": str(self.ca_file),
-            "dflash_wheelhouse": self.wheelhouse_ct,
         }
         common.update(group_vars or {})
         hosts = {
