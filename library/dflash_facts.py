@@ -233,6 +233,13 @@ rollback_env:
       recorded no env.
   type: dict
   returned: when rollback_release is given and history has such an entry
+rollback_data:
+  description:
+    - What lies now where the data of C(rollback_entry) lay (as C(wanted_data) describes it); a
+      rollback's preflight refuses data that are gone or no longer a whole store, as a deploy's
+      refuses its I(data).
+  type: dict
+  returned: when rollback_release is given and that entry trained on a store or a JSONL file
 """
 
 import os
@@ -477,6 +484,9 @@ def read(params: dict) -> dict:
         facts["rollback_entry"] = good[-1] if good else {}
         if good:
             facts["rollback_env"] = environment(params["root"], good[-1].get("lock_id"))
+            data = good[-1].get("data") or {}
+            if data.get("kind") in ("store", "jsonl") and data.get("path"):
+                facts["rollback_data"] = read_data(data["path"])
     return facts
 
 

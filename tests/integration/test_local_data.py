@@ -48,7 +48,7 @@ def test_a_missing_store_is_refused_before_any_change(playbook, target_root, tmp
 
 
 def test_data_from_jsonl_to_a_store_prepared_again_under_the_trainer(
-    deploy, playbook, target_root, tmp_path
+    deploy, playbook, target_root, tmp_path, source_repo
 ):
     jsonl = write_records(tmp_path / "a.jsonl", seed=1, length=40)
     first = deploy("v1", dflash_trainer_args=ARGS, dflash_data=str(jsonl))
@@ -107,3 +107,21 @@ def test_data_from_jsonl_to_a_store_prepared_again_under_the_trainer(
     assert changes["lengths.p50"] == (40, 80)
     assert changes["tokens"] == (8000, 16000)
     assert "lengths.p50" in diff.output
+
+    # A rollback checks the data of the deployment it restores, as a deploy checks dflash_data:
+    # v2 on generated data, the store moved away, then a plain rollback to v1 is refused.
+    source_repo("v2", {"dflash/NOTE.txt": "v2\n"})
+    assert deploy("v2", dflash_trainer_args=ARGS).rc == 0
+    store.rename(tmp_path / "store-moved")
+    before = history(target_root)
+    refused = playbook("rollback.yml")
+    assert refused.rc != 0
+    flat = " ".join(refused.output.split())
+    assert (
+        f"which this rollback restores, trained on '{store}': no such file or folder on the "
+        "target now; nothing was changed. Put the data back there, or deploy that release "
+        "with dflash_data naming where the data are now (deploy.yml -e dflash_ref=v1 "
+        "-e dflash_data=PATH)"
+    ) in flat, refused.output
+    assert history(target_root) == before
+    assert (target_root / "current").resolve().name == before[-1]["release"]
