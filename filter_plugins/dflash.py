@@ -176,7 +176,8 @@ def trainer_findings(facts: dict, heartbeat_max_age: float) -> list[dict]:
                 "duplicate_trainer",
                 "one trainer",
                 f"{len(groups)} trainers: pids {pids}",
-                "deploy.yml -e dflash_restart=true stops them all and starts one",
+                f"{restart_command(facts, restart=True)} stops them all and starts one, as its "
+                "deployment recorded it",
                 pids=pids,
             )
         )
@@ -191,7 +192,7 @@ def trainer_findings(facts: dict, heartbeat_max_age: float) -> list[dict]:
                     f"code of release {current} ({(tree or '')[:12]})",
                     f"pid {leader['pid']} runs release {leader.get('release')} "
                     f"({(runs_tree or 'unknown')[:12]}) since {leader.get('started_at')}",
-                    "deploy.yml -e dflash_restart=true replaces it",
+                    f"{restart_command(facts, restart=True)} replaces it",
                     pid=leader["pid"],
                 )
             )
@@ -203,7 +204,8 @@ def trainer_findings(facts: dict, heartbeat_max_age: float) -> list[dict]:
                     "heartbeat_stale",
                     f"status.json updated within {heartbeat_max_age:g} s",
                     f"pid {leader['pid']}: last update {age:g} s ago (step {status.get('step')})",
-                    "the trainer hangs: read its train.log, then deploy.yml -e dflash_restart=true",
+                    "the trainer hangs: read its train.log, then "
+                    + restart_command(facts, restart=True),
                     pid=leader["pid"],
                 )
             )

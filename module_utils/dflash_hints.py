@@ -9,11 +9,13 @@ WORKTREE = "WORKTREE"  # a manifest's `ref` when the release was built from a wo
 _COMMIT_RELEASE = re.compile(r"^g[0-9a-f]{12}$")
 
 
-def restart_command(facts: dict) -> str:
+def restart_command(facts: dict, restart: bool = False) -> str:
     """Start the current release again as its deployment recorded it (its env, its exact
-    run.sh): a rollback to the release that is current, which keeps it current."""
+    run.sh, whatever -e settings it was made with): a rollback to the release that is current,
+    which keeps it current; `restart` replaces a trainer that runs (hung, stale, two)."""
     release = (facts.get("current") or {}).get("release")
-    return f"ansible-playbook rollback.yml -e dflash_release={release}"
+    forced = " -e dflash_restart=true" if restart else ""
+    return f"ansible-playbook rollback.yml -e dflash_release={release}{forced}"
 
 
 def redeploy_command(facts: dict) -> str:

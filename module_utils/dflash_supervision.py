@@ -8,8 +8,10 @@ from datetime import datetime
 
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     from ansible.module_utils.dflash_findings import finding
+    from ansible.module_utils.dflash_hints import restart_command
 except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
     from dflash_findings import finding
+    from dflash_hints import restart_command
 
 # The supervisor's automatic hang limit (dflash/supervise.py Policy.hang_limit).
 HANG_FLOOR_S = 300.0
@@ -96,7 +98,8 @@ def supervision_findings(facts: dict, now: float | None = None) -> list[dict]:
                 "crash_loop",
                 "a trainer under its restart policy",
                 f"{why}, last: {view.get('last_error')}",
-                f"read {log}, fix the cause, then deploy.yml -e dflash_restart=true",
+                f"read {log}, fix the cause, then {restart_command(facts, restart=True)} (as its "
+                "deployment recorded it)",
                 run_id=run_id,
             )
         )
@@ -116,7 +119,8 @@ def supervision_findings(facts: dict, now: float | None = None) -> list[dict]:
                 f"the stacks are in {log}; the supervisor restarts it"
                 if dumped
                 else "the supervisor dumps its stacks to "
-                f"{log} and restarts it (without a supervisor: deploy.yml -e dflash_restart=true)",
+                f"{log} and restarts it (without a supervisor: "
+                f"{restart_command(facts, restart=True)})",
                 run_id=run_id,
             )
         )

@@ -17,7 +17,11 @@ from tests.deployed.state import REPO, Target
 
 # A periodic checkpoint is part of a healthy run; starting/warming is not healthy yet.
 RUNNING = ("running", "checkpointing")
-RESTART = "deploy.yml -e dflash_restart=true"
+
+
+def restart(state: Target) -> str:
+    """The command that replaces the trainer as its deployment recorded it (verify's hint)."""
+    return restart_command(state.facts, restart=True)
 
 
 def _load_filters(name: str) -> ModuleType:
@@ -121,7 +125,7 @@ def the_trainers(state: Target) -> list[list[dict]]:
                 f"{state.name}: trainer",
                 f"a trainer of release {release}",
                 "no trainer process",
-                f"read runs/latest/train.log, then {RESTART}",
+                f"read runs/latest/train.log, then {restart(state)}",
             ),
             pytrace=False,
         )
@@ -206,9 +210,9 @@ def test_one_trainer_process_group(state: Target) -> None:
         f"{state.name}: trainers",
         "one trainer process group",
         f"{len(groups)} trainers: pids {pids}" if groups else "no trainer process",
-        f"{RESTART} stops every trainer of the root and starts one"
+        f"{restart(state)} stops every trainer of the root and starts one"
         if groups
-        else f"read runs/latest/train.log, then {RESTART}",
+        else f"read runs/latest/train.log, then {restart(state)}",
     )
 
 
@@ -225,7 +229,7 @@ def test_trainer_runs_current_release(state: Target) -> None:
                     f"{state.name}: trainer pid {leader['pid']} (since {leader['started_at']})",
                     f"code of release {release} (tree {tree})",
                     f"release {leader['release']} (tree {runs or 'unknown: no status.json'})",
-                    f"{RESTART} replaces it",
+                    f"{restart(state)} replaces it",
                 )
             )
     assert not problems, "\n".join(problems)
@@ -242,7 +246,7 @@ def test_trainer_heartbeat_is_fresh(state: Target) -> None:
                     f"{state.name}: heartbeat of trainer pid {group[0]['pid']}",
                     f"status.json updated within {limit:g} s (dflash_heartbeat_max_age)",
                     "no status.json" if age is None else f"last update {age:g} s ago",
-                    f"the trainer hangs: read its train.log, then {RESTART}",
+                    f"the trainer hangs: read its train.log, then {restart(state)}",
                 )
             )
     assert not problems, "\n".join(problems)
@@ -258,7 +262,7 @@ def test_trainer_state_is_running(state: Target) -> None:
                     f"{state.name}: state of trainer pid {group[0]['pid']}",
                     " or ".join(RUNNING),
                     f"{status.get('state', 'no status.json')} at step {status.get('step')}",
-                    f"read runs/{group[0]['run_id']}/train.log, then {RESTART}",
+                    f"read runs/{group[0]['run_id']}/train.log, then {restart(state)}",
                 )
             )
     assert not problems, "\n".join(problems)
