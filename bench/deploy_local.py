@@ -6,6 +6,10 @@ their ratio to a one-module baseline playbook measured in the same run.
 Cold = a fresh state root whose torch env is hard-linked from one built at the start (the env
 build, ~40 s, is timed once on its own); the trainer is not launched (dflash_launch=false), so
 what is timed is preflight, build, push, unpack, env check, cache, switch, run.sh and record.
+
+With --launch, also a launched redeploy of the same release that restarts its trainer
+(dflash_restart=true; the tiny trainer idling 0.5 s a step, as the tests run it): the stop,
+the start, the health check's 5 steps and the wait on them.
 """
 
 from __future__ import annotations
@@ -39,9 +43,24 @@ def timed(playbook: str, extravars: dict) -> float:
     return elapsed
 
 
+def launched_restarts(root: Path, runs: int) -> list[float]:
+    """A launched deploy, then `runs` redeploys that restart its trainer; stopped after."""
+    extravars = {
+        "dflash_root": str(root), "dflash_launch": True,
+        "dflash_trainer_args": {"target_model": "tiny", "gen_samples": 16, "drafter_layers": 2,
+                                "token_budget": 128, "sleep_per_step": 0.5},
+    }  # fmt: skip
+    timed("deploy.yml", extravars)
+    try:
+        return [timed("deploy.yml", {**extravars, "dflash_restart": True}) for _ in range(runs)]
+    finally:
+        timed("playbooks/stop.yml", {"dflash_root": str(root)})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--launch", action="store_true", help="also time a launched restart")
     args = parser.parse_args()
     rows: dict[str, list[float]] = {
         "baseline (1 module)": [],
@@ -62,6 +81,8 @@ def main() -> None:
             rows["cold deploy"].append(timed("deploy.yml", extravars))
             rows["no-op deploy"].append(timed("deploy.yml", extravars))
             print(f"run {run + 1}/{args.runs} done", file=sys.stderr)
+        if args.launch:
+            rows["launched restart"] = launched_restarts(Path(tmp) / "run0" / "dflash", args.runs)
     print(f"first deploy with the env build: {env_build:.1f} s (once)")
     base = statistics.median(rows["baseline (1 module)"])
     print(f"{'what':<22} {'median s':>9} {'min s':>7} {'max s':>7} {'x baseline':>11}")
