@@ -88,12 +88,12 @@ progress:
   sample: step 3 of 5
 """
 
-import json
 import os
 import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_state import read_json
 
 # How often the job file is read while waiting: a stat and a small read, nothing more.
 CHECK_EVERY_S = 0.2
@@ -106,11 +106,7 @@ def job_finished(path: str) -> bool:
     missing one is over, for async_status to report (`could not find job`)."""
     if not os.path.exists(path):
         return True
-    try:
-        with open(path) as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return False
+    data = read_json(path)
     return isinstance(data, dict) and ("started" not in data or bool(data.get("finished")))
 
 
@@ -121,15 +117,6 @@ def trainer_progress(status: dict[str, Any], release: str, steps: int) -> str | 
         return None
     done = (status.get("step") or 0) - (status.get("resumed_from_step") or 0)
     return f"step {max(done, 0)} of {steps}"
-
-
-def read_status(path: str) -> dict[str, Any]:
-    try:
-        with open(path) as handle:
-            status = json.load(handle)
-    except (OSError, ValueError):
-        return {}  # no status.json yet (the trainer is starting), or one being rewritten
-    return status if isinstance(status, dict) else {}
 
 
 def main() -> None:
@@ -151,14 +138,18 @@ def main() -> None:
     )
     job = os.path.join(module.params["async_dir"], module.params["jid"])
     deadline = time.monotonic() + max(module.params["wait_s"], 0.0)
-    while not job_finished(job) and time.monotonic() < deadline:
+    finished = job_finished(job)
+    while not finished and time.monotonic() < deadline:
         time.sleep(CHECK_EVERY_S)
-    if job_finished(job):
+        finished = job_finished(job)
+    if finished:
         module.exit_json(changed=False, finished=True)
     result: dict[str, Any] = {"changed": False, "finished": False}
     progress = module.params["progress"]
     if progress:
-        said = trainer_progress(read_status(progress["status"]), progress["release"],
+        # No status.json yet (the trainer is starting), or one caught mid-write: nothing to say.
+        status = read_json(progress["status"])
+        said = trainer_progress(status if isinstance(status, dict) else {}, progress["release"],
                                 progress["steps"])  # fmt: skip
         if said:
             result["progress"] = said
