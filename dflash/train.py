@@ -41,6 +41,11 @@ from dflash.status import StatusFile, print_line, utc_now
 from dflash.supervision import CACHE_SUSPECT_EXIT
 from dflash.topology import Layout, plan_layout, resolve_roles
 
+# status.json is written at each of a process's first steps (later, the heartbeat's every few
+# seconds): a deploy's health check waits on them (dflash_health_steps, 5 by default) and
+# should end with the step it waits for, not up to a heartbeat later.
+EAGER_STATUS_STEPS = 20
+
 
 def log(message: str) -> None:
     print_line(f"{utc_now()} {message}")  # a full disk under the log loses lines, not the run
@@ -201,6 +206,8 @@ def train(
         )
         if status.enabled and status.snapshot()["state"] != "running":
             status.write(state="running")  # only now: a real optimizer step is done
+        elif throughput.count <= EAGER_STATUS_STEPS:
+            status.write()  # a deploy's health check waits on these steps, not on a heartbeat
         if not lead:
             continue
         if result.step % config.log_every == 0 or throughput.count == 1:

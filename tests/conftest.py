@@ -102,7 +102,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Under pytest-xdist (`make test` runs two workers) every test on the loopback test bed
+    """Under pytest-xdist (`make test` runs three workers) every test on the loopback test bed
     goes to one worker, so one bed comes up; xdist hands out the largest group first, so the
     bed's (the longest) does not start last. The unit and trainer tests go a module at a time
     (their module-scoped fixtures are made once); the other tests one at a time, to spread the

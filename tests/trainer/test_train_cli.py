@@ -74,6 +74,25 @@ def test_status_file_fields(uninterrupted):
 
 
 @pytest.mark.slow
+def test_the_first_steps_are_written_at_once_not_at_the_next_heartbeat(tmp_path):
+    """A deploy's health check waits on the first steps: each is in status.json as it ends,
+    with no heartbeat (600 s apart here) needed to write it."""
+    status_path = tmp_path / "status.json"
+    files = ["--checkpoint-dir", str(tmp_path / "ck"), "--status-file", str(status_path)]
+    slow = argv("--max-steps 8 --sleep-per-step 0.3 --status-interval 600 --run-id eager")
+    command = [sys.executable, "-m", "dflash.train", *FAST, *slow, *files]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    process = subprocess.Popen(command, cwd=tmp_path, env=cli_env(), **pipes)
+    try:
+        # Step 1 comes with the change to `running`; steps 2-7 only if each step is written.
+        seen = wait_for_status(status_path, lambda s: s["state"] == "running" and s["step"] >= 2)
+        log, _ = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 0, log
+    assert 2 <= seen["step"] < 8, seen
+
+
 def test_sigterm_checkpoints_and_a_restart_continues_the_same_curve(tmp_path, uninterrupted):
     reference, reference_log = uninterrupted
     folder = tmp_path / "run"
