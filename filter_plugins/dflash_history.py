@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dflash_lines import DEPLOY_ACTIONS
+from dflash_settings import setting_changes, settings_text
 from dflash_throughput import gate_baseline, shape_of
 
 
@@ -176,4 +177,6 @@ class FilterModule:
             "dflash_gate_baseline": gate_baseline,
             "dflash_step_shape": shape_of,
             "dflash_interrupted_run": interrupted_run,
+            "dflash_setting_changes": setting_changes,
+            "dflash_settings_text": settings_text,
         }

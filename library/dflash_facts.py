@@ -227,6 +227,12 @@ rollback_entry:
       I(rollback_release) (its lock and run.sh); empty when history has none.
   type: dict
   returned: when rollback_release is given
+rollback_number:
+  description:
+    - The number of C(rollback_entry) in history (1 the oldest, as history.yml numbers them);
+      null when history has none.
+  type: int
+  returned: when rollback_release is given
 rollback_env:
   description:
     - The env (as C(environment) describes one) of C(rollback_entry); null when that entry
@@ -477,14 +483,16 @@ def read(params: dict) -> dict:
     if params["rollback_release"] is not None:
         release = params["rollback_release"] or facts["previous_deployment"]
         # The entry rollback.yml restores: the newest good deployment of that release.
-        good = [
-            e for e in facts["history"]
+        numbers = [
+            number for number, e in enumerate(facts["history"], start=1)
             if e.get("release") == release and e.get("result") in GOOD_RESULTS
         ]  # fmt: skip
-        facts["rollback_entry"] = good[-1] if good else {}
-        if good:
-            facts["rollback_env"] = environment(params["root"], good[-1].get("lock_id"))
-            data = good[-1].get("data") or {}
+        entry = facts["history"][numbers[-1] - 1] if numbers else {}
+        facts["rollback_entry"] = entry
+        facts["rollback_number"] = numbers[-1] if numbers else None
+        if entry:
+            facts["rollback_env"] = environment(params["root"], entry.get("lock_id"))
+            data = entry.get("data") or {}
             if data.get("kind") in ("store", "jsonl") and data.get("path"):
                 facts["rollback_data"] = read_data(data["path"])
     return facts

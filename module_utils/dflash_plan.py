@@ -8,14 +8,16 @@ from __future__ import annotations
 import os
 
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
-    from ansible.module_utils.dflash_data import changed_under
+    from ansible.module_utils.dflash_data import changed_under, recorded
     from ansible.module_utils.dflash_lines import last_deployment
     from ansible.module_utils.dflash_procs import stopped
+    from ansible.module_utils.dflash_settings import setting_changes
     from ansible.module_utils.dflash_states import TRAINING
 except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
-    from dflash_data import changed_under
+    from dflash_data import changed_under, recorded
     from dflash_lines import last_deployment
     from dflash_procs import stopped
+    from dflash_settings import setting_changes
     from dflash_states import TRAINING
 
 KEEP, START, RESTART = "keep", "start", "restart"
@@ -127,6 +129,21 @@ def _trainer_work(state: dict, tree_sha256: str, run_sh_sha256: str) -> list[str
     return []
 
 
+def _run_sh_work(state: dict, run_sh_sha256: str, run_sh: dict | None) -> list[str]:
+    """Why run.sh is rendered again, in the settings a user set (flags, data, GPUs...) where
+    they differ from the current release's deployment; a hand edit, or a run.sh rendered
+    otherwise from the same settings (another toolkit), as the file itself."""
+    on_disk = (state.get("run_sh") or {}).get("sha256")
+    if on_disk == run_sh_sha256:
+        return []
+    deployment = state.get("deployment") or {}
+    wanted = {"run_sh": run_sh, "data": recorded(state.get("wanted_data"))}
+    named = setting_changes(deployment, wanted) if deployment and run_sh is not None else []
+    if not named or on_disk != deployment.get("run_sh_sha256"):
+        named.append("run.sh on the target differs from the one this deploy renders")
+    return named
+
+
 def deploy_work(
     state: dict,
     release: str,
@@ -142,6 +159,7 @@ def deploy_work(
     job: dict | None = None,
     interrupted: bool = False,
     source: str = "the working tree",
+    run_sh: dict | None = None,
 ) -> list[str]:
     """Why this deploy's steps must run on the target, one line each; [] for a no-op.
 
@@ -149,7 +167,8 @@ def deploy_work(
     the hash of run.sh as the runscript step would render it here, `cache_dir` the compile
     cache this build names, `interrupted` whether this run took the deploy lock over from an
     interrupted one (state is read under this run's lock, so no other run changes it), `source`
-    what the release is built from (`ref v2`, `the working tree of /src`). The
+    what the release is built from (`ref v2`, `the working tree of /src`), `run_sh` the values
+    run.sh is rendered from (layout, trainer_args, trainer_env, torchrun_args). The
     record step adds no line when history's newest deployment has the same identity
     (module_utils/dflash_record.py IDENTITY), which is checked here.
     """
@@ -168,8 +187,7 @@ def deploy_work(
     wanted_env = state.get("wanted_env") or {}
     if not wanted_env.get("exists") or wanted_env.get("drift"):
         reasons.append(f"env {lock_id} is missing or has drifted from its lock")
-    if (state.get("run_sh") or {}).get("sha256") != run_sh_sha256:
-        reasons.append("run.sh on the target differs from the one this deploy renders")
+    reasons += _run_sh_work(state, run_sh_sha256, run_sh)
     identity = {"release": release, "tree_sha256": tree_sha256, "lock_id": lock_id,
                 "run_sh_sha256": run_sh_sha256}  # fmt: skip
     reasons += [f"history's newest deployment has another {key}"

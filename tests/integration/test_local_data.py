@@ -63,6 +63,11 @@ def test_data_from_jsonl_to_a_store_prepared_again_under_the_trainer(
     old = prepare([write_records(tmp_path / "b.jsonl", 2, 40)], store, settings, say=print)
     second = deploy("v1", dflash_trainer_args=ARGS, dflash_data=str(store))
     assert second.rc == 0, second.output
+    # Why it ran, in the terms the user set: the data, with both paths and contents.
+    switch = (f"data: {jsonl} (jsonl {status['data']['content_sha256'][:12]}) -> {store} "
+              f"(store {old['content_sha256'][:12]})")  # fmt: skip
+    assert switch in history(target_root)[-1]["why"], history(target_root)[-1]["why"]
+    assert switch in " ".join(second.output.split())
     assert status_of(target_root)["data"]["content_sha256"] == old["content_sha256"]
     assert playbook("verify.yml").rc == 0
 

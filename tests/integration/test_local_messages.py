@@ -34,6 +34,11 @@ def test_after_a_rollback_every_hint_keeps_the_rolled_back_release(
     assert deploy("v2").rc == 0
     back = playbook("rollback.yml", dflash_release="v1", **source, **LAUNCH)
     assert back.rc == 0, back.output
+    # It names the deployment it puts back (history's #1) and its settings, before it acts.
+    flat = " ".join(back.output.split())
+    assert "Rolling back to deployment #1 of history (deploy of v1 at " in flat, back.output
+    assert "data self-generated, GPUs cpu, flags --checkpoint-every 1000 " in flat
+    assert "Its settings are those of the current deployment." in flat
 
     # Stopped on purpose: its own verdict, exit 0, the metric says so, the hint starts v1.
     assert playbook("playbooks/stop.yml").rc == 0

@@ -133,3 +133,68 @@ def test_one_reason_per_fact_about_the_release_folder():
     reasons = work(missing)
     assert "release v1 is not on the target" in reasons
     assert not [r for r in reasons if "holds another tree" in r], reasons
+
+
+VALUES = {"layout": {"mode": "cuda", "target": [0], "drafter": [1]},
+          "trainer_args": {"target_model": "tiny", "token_budget": 128},
+          "trainer_env": {}, "torchrun_args": []}  # fmt: skip
+STORE = {"kind": "store", "path": "/srv/a", "content_sha256": "a" * 64}
+
+
+def deployed(**values) -> dict:
+    """STATE whose current release was deployed with VALUES (and `values` over them) and the
+    store STORE, and whose dflash_data reads STORE."""
+    state = copy.deepcopy(STATE)
+    state["deployment"] = {**LINE, "run_sh": {**VALUES, **values}, "data": STORE}
+    state["wanted_data"] = {
+        "kind": "store",
+        "path": "/srv/a",
+        "manifest": {"content_sha256": "a" * 64},
+    }
+    return state
+
+
+def test_a_rendered_run_sh_that_differs_names_the_settings_that_changed():
+    new_sh = "n" * 64  # these settings render another run.sh
+    more = {**VALUES["trainer_args"], "checkpoint_every": 20, "token_budget": 256}
+    changed_sh = {**VALUES, "trainer_args": more}
+    assert work(deployed(), run_sh_sha256=new_sh, run_sh=changed_sh, launch=False) == [
+        "trainer flag --checkpoint-every 20 added",
+        "trainer flag --token-budget: 128 -> 256",
+        "history's newest deployment has another run_sh_sha256",
+    ]
+    fewer = {"target_model": "tiny"}
+    gpus = {"mode": "cuda", "target": [0], "drafter": [2, 3]}
+    reasons = work(deployed(), run_sh_sha256=new_sh,
+                   run_sh={**VALUES, "trainer_args": fewer, "layout": gpus})  # fmt: skip
+    assert reasons[:2] == [
+        "trainer flag --token-budget 128 removed",
+        "GPUs: target 0 drafter 1 -> target 0 drafter 2,3",
+    ]
+    # Another store at the same settings: the data line, with both paths and hashes.
+    moved = deployed()
+    moved["wanted_data"] = {
+        "kind": "store",
+        "path": "/srv/b",
+        "manifest": {"content_sha256": "b" * 64},
+    }
+    assert work(moved, run_sh_sha256=new_sh, run_sh=VALUES)[0] == (
+        f"data: /srv/a (store {'a' * 12}) -> /srv/b (store {'b' * 12})"
+    )
+    back = deployed()
+    back["wanted_data"] = {"kind": "self_generated"}
+    assert work(back, run_sh_sha256=new_sh, run_sh=VALUES)[0] == (
+        f"data: /srv/a (store {'a' * 12}) -> self-generated"
+    )
+
+
+def test_a_hand_edited_run_sh_is_named_as_the_file_even_with_the_same_settings():
+    edited = deployed()
+    edited["run_sh"]["sha256"] = "e" * 64  # the target's file is not the deployed one
+    assert work(edited, run_sh=VALUES) == [
+        "run.sh on the target differs from the one this deploy renders",
+    ]
+    # The same settings rendered otherwise (another toolkit): the file, not a setting.
+    assert work(deployed(), run_sh_sha256="n" * 64, run_sh=VALUES)[0] == (
+        "run.sh on the target differs from the one this deploy renders"
+    )
