@@ -286,8 +286,9 @@ def data_findings(facts: dict) -> list[dict]:
                     + (f" (sha256 {sha})" if sha else ""),
                     why,
                     "the trainer still trains on what it read (a store replaced whole keeps its "
-                    "old files open; one changed in place mixes both): deploy.yml restarts it "
-                    f"on the data at {path} now, or put the data it read back there",
+                    f"old files open; one changed in place mixes both): {restart_command(facts)} "
+                    f"starts it again on the data at {path} now, with the run.sh and env its "
+                    "deployment recorded; or put the data it read back there",
                     path=path,
                     pid=proc["pid"],
                 )
