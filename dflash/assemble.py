@@ -52,11 +52,19 @@ def training_data(config: TrainConfig, target: Target, log: Log) -> TokenStore:
         tokenizer = config.tokenizer or (
             None if config.target_model == TINY else config.target_model
         )
-        return open_data(
+        store = open_data(
             config.data, tokenizer, target.config.vocab_size, config.max_seq_len, log,
             cache_dir=config.data_cache,
             verify=config.verify_data,
         )  # fmt: skip
+        if store.manifest["max_token_id"] == target.mask_token_id:
+            # Only the largest id is known without reading every token: the case of the tiny
+            # target, whose mask id is its last (127 of 128).
+            log(
+                f"warning: data: token id {target.mask_token_id} is the target's mask id; in the "
+                "data it reads as a real token, and the drafter learns to predict the mask"
+            )
+        return store
     samples = self_generated(
         target,
         config.gen_samples,

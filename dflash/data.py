@@ -133,7 +133,8 @@ def cli_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     make = commands.add_parser(
-        "prepare", help="JSONL files into a store folder that the trainer maps (--data FOLDER)"
+        "prepare",
+        help="JSONL files into a store folder that the trainer reads in place (--data FOLDER)",
     )
     make.add_argument("inputs", nargs="+", type=Path, metavar="INPUT.jsonl")
     make.add_argument("--out", type=Path, required=True, help="the store folder to write")

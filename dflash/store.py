@@ -170,12 +170,14 @@ class TokenStore:
                 raise ConfigError(
                     f"--data '{folder}': {file} holds {size} bytes, its manifest says "
                     f"{entry['count'] * dtype.itemsize} (truncated or replaced); "
-                    "prepare the store again (python -m dflash.data prepare)"
+                    "prepare the store again over it (python -m dflash.data prepare --force "
+                    "--out FOLDER FILE.jsonl)"
                 )
             if verify and file_sha256(path) != entry["sha256"]:
                 raise ConfigError(
                     f"--data '{folder}': {file} does not hash to its manifest's sha256 (its "
-                    "content changed after prepare); prepare the store again"
+                    "content changed after prepare); prepare the store again over it "
+                    "(prepare --force)"
                 )
             arrays[name] = (
                 FileArray(path, dtype, entry["count"])

@@ -171,8 +171,8 @@ def test_a_store_run_reports_its_data_and_resumes_its_order_on_the_same_data_onl
     from dflash.prepare import prepare
     from dflash.records import Settings
 
-    def records(seed: int) -> str:
-        rows = [{"input_ids": [(seed + i * 7 + k) % 120 for k in range(12)], "loss_mask":
+    def records(seed: int, ids: int = 120) -> str:
+        rows = [{"input_ids": [(seed + i * 7 + k) % ids for k in range(12)], "loss_mask":
                  [0] * 4 + [1] * 8} for i in range(40)]  # fmt: skip
         return "".join(json.dumps(row) + "\n" for row in rows)
 
@@ -184,6 +184,7 @@ def test_a_store_run_reports_its_data_and_resumes_its_order_on_the_same_data_onl
     result = run_module("dflash.train", *args, "--max-steps", "2", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"sha256 {first['content_sha256'][:12]}" in result.stdout
+    assert "warning: data" not in result.stdout  # ids 0-119 only: no mask id among them
     status = read_status(tmp_path / "status.json")
     assert status["data"]["kind"] == "store" and status["data"]["path"] == str(store)
     assert status["data"]["content_sha256"] == first["content_sha256"]
@@ -197,12 +198,13 @@ def test_a_store_run_reports_its_data_and_resumes_its_order_on_the_same_data_onl
     assert read_status(tmp_path / "status.json")["data_order"] == "resumed"
     assert "new data order" not in result.stdout
 
-    (tmp_path / "b.jsonl").write_text(records(2))
+    (tmp_path / "b.jsonl").write_text(records(2, ids=128))  # 127, the tiny target's mask, too
     second = prepare([tmp_path / "b.jsonl"], store, Settings(64, 128, None), force=True,
                      say=lambda _: None)  # fmt: skip
     result = run_module("dflash.train", *args, "--max-steps", "6", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     before, now = first["content_sha256"][:12], second["content_sha256"][:12]
+    assert "warning: data: token id 127 is the target's mask id" in result.stdout
     note = (
         f"new data order: the data differ from the checkpoint's (sha256 {before} -> {now}); "
         "the weights are resumed, the order starts at epoch 0"
