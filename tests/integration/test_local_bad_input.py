@@ -272,3 +272,25 @@ def test_a_release_whose_package_does_not_import_is_refused_first(deployed):
     assert "this release's package does not even import" in flat, run.output
     assert "boom at import" in flat and "Nothing was changed on the target" in flat
     assert snapshot(root) == before
+
+
+def test_a_truncated_store_is_refused_with_the_command_that_prepares_it_again(deployed, tmp_path):
+    """The fix names the env by its lock id and prepares with --force over the store there
+    (a plain prepare refuses an existing folder)."""
+    from dflash.prepare import prepare
+    from dflash.records import Settings
+
+    records = tmp_path / "a.jsonl"
+    records.write_text('{"input_ids": [1, 2, 3, 4], "loss_mask": [0, 0, 1, 1]}\n' * 8)
+    store = tmp_path / "store"
+    prepare([records], store, Settings(64, 128, None), say=lambda _: None)
+    tokens = next(store.glob("tokens*"))
+    tokens.write_bytes(tokens.read_bytes()[:-4])
+    root = Path(deployed["dflash_root"])
+    before = snapshot(root)
+    run = run_playbook("deploy.yml", {**deployed, "dflash_data": str(store)})
+    assert run.rc != 0
+    flat = " ".join(run.output.split())
+    assert f"dflash_data '{store}' on local: {tokens.name} holds " in flat, flat
+    assert "/envs/lock-" in flat and f"-m dflash.data prepare --force --out {store} " in flat
+    assert snapshot(root) == before
