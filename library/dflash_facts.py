@@ -147,6 +147,17 @@ history_damaged:
   type: list
   elements: dict
   returned: always
+history_exists:
+  description: Whether history.jsonl is there (a root with releases and no history lost it).
+  type: bool
+  returned: always
+unknown_releases:
+  description:
+    - Releases on the target that no line of history names (history lost or cut short, or a
+      run killed before its record); keep-N never deletes them.
+  type: list
+  elements: str
+  returned: always
 deployment:
   description: The history entry that deployed current (what should be there), without run.sh text.
   type: dict
@@ -279,6 +290,7 @@ from ansible.module_utils.dflash_state import (
     CURRENT,
     ENV_MARKER,
     ENVS,
+    HISTORY,
     RELEASES,
     STATUS,
     SUPERVISOR,
@@ -292,6 +304,7 @@ from ansible.module_utils.dflash_state import (
     release_manifests,
     run_path,
     stale_temp_dirs,
+    unknown_releases,
 )
 from ansible.module_utils.dflash_throughput import throughput_references
 
@@ -409,6 +422,9 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
         "history": history[-history_limit:] if history_limit > 0 else [],
         # Lines of history.jsonl that are not a record (line from 1, bytes, text).
         "history_damaged": damaged,
+        "history_exists": os.path.isfile(os.path.join(root, HISTORY)),
+        # Releases on the target that no line of history names (keep-N keeps them).
+        "unknown_releases": unknown_releases(history, available),
         "previous_deployment": previous_deployment(history, release, available),
         "stale_temp": stale_temp_dirs(root),
         "run_sh": read_run_script(root),

@@ -15,8 +15,9 @@ description:
     line), unless this run repaired something (I(steps_changed)); the launch writes the line
     of a healthy trainer itself, so a run killed after the launch loses nothing.
   - Then removes releases beyond the I(keep) most recent healthy deployments, never the current
-    release, the previous healthy deployment (the default rollback target) nor any in
-    I(protect); and envs that no kept release's deployment used.
+    release, the previous healthy deployment (the default rollback target), any in
+    I(protect) nor any that history does not name (C(kept_unknown)); and envs that no kept
+    release's deployment used.
   - An C(export) line (a drafter exported with the code of the current release) records no
     run.sh and prunes nothing.
 extends_documentation_fragment:
@@ -108,7 +109,16 @@ pruned:
   elements: str
   returned: success
 pruned_envs:
-  description: Envs removed because no kept release's deployment used them.
+  description:
+    - Envs removed because no kept release's deployment used them; none while a kept release
+      is unknown to history (its env is not known either).
+  type: list
+  elements: str
+  returned: success
+kept_unknown:
+  description:
+    - Releases on the target that no line of history names (history lost or cut short, or a
+      run killed before its record), kept by keep-N rather than deleted.
   type: list
   elements: str
   returned: success
@@ -137,7 +147,10 @@ from ansible.module_utils.dflash_state import (
     release_dir,
     releases_to_prune,
     remove_tree,
+    unknown_releases,
 )
+
+NOTHING_PRUNED = {"pruned": [], "pruned_envs": [], "kept_unknown": []}
 
 
 def envs_to_prune(root: str, history: list[dict], kept: list[str]) -> list[str]:
@@ -151,8 +164,9 @@ def envs_to_prune(root: str, history: list[dict], kept: list[str]) -> list[str]:
     )
 
 
-def prune(root: str, release: str, keep: int, protect: list[str]) -> tuple[list, list]:
-    """keep-N: releases beyond the newest good ones, then envs no kept release used."""
+def prune(root: str, release: str, keep: int, protect: list[str]) -> tuple[list, list, list]:
+    """keep-N: releases beyond the newest good ones, then envs no kept release used; and the
+    releases kept because history does not name them."""
     history = read_history(root)
     available = list_releases(root)
     current, _link = current_release(root)
@@ -165,12 +179,13 @@ def prune(root: str, release: str, keep: int, protect: list[str]) -> tuple[list,
         remove_tree(release_dir(root, doomed))
         pruned.append(doomed)
     kept = list_releases(root)
+    unknown = unknown_releases(history, kept)
     # Envs are pruned only when history says which env each kept release used.
-    if all(e.get("lock_id") for e in history if e.get("release") in kept):
+    if not unknown and all(e.get("lock_id") for e in history if e.get("release") in kept):
         for env in envs_to_prune(root, history, kept):
             shutil.rmtree(os.path.join(root, ENVS, env))
             pruned_envs.append(env)
-    return pruned, pruned_envs
+    return pruned, pruned_envs, unknown
 
 
 def run(module: AnsibleModule) -> dict:
@@ -181,7 +196,7 @@ def run(module: AnsibleModule) -> dict:
     manifest = read_manifest(release_dir(root, release))
     if manifest is None and module.check_mode:
         # Not unpacked in check mode: a real run would have, and would record it.
-        return {"changed": True, "recorded": True, "pruned": [], "pruned_envs": []}
+        return {"changed": True, "recorded": True, **NOTHING_PRUNED}
     if manifest is None:
         raise StateError(f"release {release} is not under {root}/releases; nothing to record")
     entry = history_entry(
@@ -193,12 +208,12 @@ def run(module: AnsibleModule) -> dict:
     if module.check_mode:
         # What the target shows now (run.sh as it is): whether history would get a line.
         fresh = line_for(read_history(root), entry, repairs) is not None
-        return {"changed": fresh, "recorded": fresh, "pruned": [], "pruned_envs": []}
+        return {"changed": fresh, "recorded": fresh, **NOTHING_PRUNED}
     with held(root, params["token"], params["action"], "record"):
         written = record_once(root, entry, repairs)
         # An export changes no release: keep-N has nothing new to do.
-        pruned, pruned_envs = (
-            ([], []) if params["action"] == "export"
+        pruned, pruned_envs, unknown = (
+            ([], [], []) if params["action"] == "export"
             else prune(root, release, params["keep"], params["protect"])
         )  # fmt: skip
     return {
@@ -207,6 +222,7 @@ def run(module: AnsibleModule) -> dict:
         "recorded": written,
         "pruned": pruned,
         "pruned_envs": pruned_envs,
+        "kept_unknown": unknown,
         "lock_released": bool(params["release_lock"] and params["token"])
         and give_lock_up(root, params["token"]),
     }

@@ -279,14 +279,23 @@ def previous_deployment(
 def releases_to_prune(
     history: list[dict], available: list[str], keep: int, protected: set[str]
 ) -> list[str]:
-    """Releases beyond the `keep` most recently deployed good ones, sparing `protected`."""
+    """Releases beyond the `keep` most recently deployed good ones, sparing `protected` and
+    every release history does not name (unknown_releases): history is the record of what may
+    be deleted, and one that was lost or cut short must not delete what it forgot."""
     recent: list[str] = []
     for entry in reversed(history):
         release = entry.get("release")
         if entry.get("result") in GOOD_RESULTS and release in available and release not in recent:
             recent.append(release)
-    kept = set(recent[:keep]) | protected
+    kept = set(recent[:keep]) | protected | set(unknown_releases(history, available))
     return [name for name in available if name not in kept]
+
+
+def unknown_releases(history: list[dict], available: list[str]) -> list[str]:
+    """Releases on the target that no line of history names (history lost or cut short, or a
+    run killed before its record): never pruned, and named where keep-N runs."""
+    named = {entry.get("release") for entry in history}
+    return [name for name in available if name not in named]
 
 
 def remove_tree(path: str) -> None:

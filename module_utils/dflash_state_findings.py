@@ -31,6 +31,31 @@ def history_findings(facts: dict) -> list[dict]:
     ]
 
 
+def lost_history_findings(facts: dict) -> list[dict]:
+    """`history`: a root with releases whose history.jsonl is gone, or names no deployment of
+    the current release: what may be rolled back to, and what keep-N may delete, is unknown."""
+    current = (facts.get("current") or {}).get("release")
+    unknown = facts.get("unknown_releases") or []
+    if not facts.get("releases") or not (
+        facts.get("history_exists") is False or (current and current in unknown)
+    ):
+        return []
+    path = f"{facts.get('root')}/history.jsonl"
+    found = "missing" if facts.get("history_exists") is False else f"no line for {current}"
+    return [
+        finding(
+            "history",
+            "a history that names the deployments of the releases on the target",
+            f"{path} {found}; releases it does not name: {', '.join(unknown) or 'none'}",
+            "history was lost or cut short: rollback.yml and history.yml do not know these "
+            "releases, and keep-N keeps them rather than delete what history forgot; put the "
+            "file back from a backup, or roll back by name (rollback.yml -e dflash_release=<id> "
+            "records it again) and remove the ones you do not want by hand",
+            path=path,
+        )
+    ]
+
+
 def record_findings(facts: dict) -> list[dict]:
     """`trainer_record`: trainer.json lost track of the trainer that runs (found anyway)."""
     trainers = facts.get("trainers") or {}
@@ -139,6 +164,7 @@ def oom_findings(facts: dict) -> list[dict]:
 def state_findings(facts: dict, reserve_mb: float = 0) -> list[dict]:
     return (
         history_findings(facts)
+        + lost_history_findings(facts)
         + record_findings(facts)
         + checkpoint_findings(facts)
         + disk_findings(facts, reserve_mb)

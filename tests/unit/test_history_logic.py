@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.dflash_state import previous_deployment, releases_to_prune
+from ansible.module_utils.dflash_state import (
+    previous_deployment,
+    releases_to_prune,
+    unknown_releases,
+)
 
 
 def entry(release: str, result: str = "deployed", action: str = "deploy") -> dict:
@@ -23,19 +27,20 @@ def test_previous_deployment_skips_failed_and_missing_releases():
     assert previous_deployment([entry("v1")], "v1", ["v1"]) is None
 
 
-def test_prune_keeps_recent_good_ones_and_protected():
+def test_prune_keeps_recent_good_ones_protected_and_those_history_does_not_name():
     history = [entry(v) for v in ("v1", "v2", "v3", "v4")]
-    available = ["v0-never-deployed", "v1", "v2", "v3", "v4"]
-    assert releases_to_prune(history, available, keep=2, protected={"v4"}) == [
-        "v0-never-deployed",
-        "v1",
-        "v2",
-    ]
-    assert releases_to_prune(history, available, keep=1, protected={"v4", "v1"}) == [
-        "v0-never-deployed",
-        "v2",
-        "v3",
-    ]
+    available = ["v0-never-recorded", "v1", "v2", "v3", "v4"]
+    assert releases_to_prune(history, available, keep=2, protected={"v4"}) == ["v1", "v2"]
+    assert releases_to_prune(history, available, keep=1, protected={"v4", "v1"}) == ["v2", "v3"]
+    assert unknown_releases(history, available) == ["v0-never-recorded"]
+
+
+def test_a_lost_history_prunes_nothing_it_does_not_name():
+    """history.jsonl deleted under five releases: the next record's line is all it holds."""
+    available = ["g86dd644dd745", "v1", "v2", "v3", "vcrash"]
+    history = [entry("v3")]
+    assert releases_to_prune(history, available, keep=1, protected={"v3"}) == []
+    assert unknown_releases(history, available) == ["g86dd644dd745", "v1", "v2", "vcrash"]
 
 
 def test_prune_counts_a_redeployed_release_once_by_its_newest_use():
