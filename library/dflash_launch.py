@@ -228,6 +228,7 @@ from ansible.module_utils.dflash_runs import (
 )
 from ansible.module_utils.dflash_state import (
     GOOD_RESULTS,
+    HISTORY,
     RELEASES,
     RUN_SH,
     STATUS,
@@ -324,8 +325,8 @@ def recorded(root: str, run_id: str) -> bool:
 def adopt(module: AnsibleModule, dog: Watchdog, record: dict, manifest: dict, release: str,
           result: dict) -> dict:  # fmt: skip
     """A trainer of the deployed code that history does not know (`record`: its trainer.json):
-    an interrupted run started it. Its health is checked as the launch would have, then it is
-    recorded."""
+    a run killed before its record started it, or history lost its line. Its health is checked
+    as the launch would have, then it is recorded."""
     params, root = module.params, module.params["root"]
     run_id = record["run_id"]
     result.update(pid=record["pid"], run_id=run_id, changed=True, adopted=True)
@@ -345,8 +346,14 @@ def adopt(module: AnsibleModule, dog: Watchdog, record: dict, manifest: dict, re
     result["recorded"] = record_healthy(
         root, params, manifest, release, status, run_id, adopted_after=record.get("started_at")
     )
+    # Only what is known: history may have been lost rather than a run interrupted.
+    unrecorded = (
+        "history.jsonl is missing"
+        if not os.path.isfile(os.path.join(root, HISTORY))
+        else "a run killed before its record started it, or history was cut short"
+    )
     result["msg"] = (
-        f"adopted trainer pid {record['pid']} (run {run_id}), which an interrupted run started: "
+        f"adopted trainer pid {record['pid']} (run {run_id}), unknown to history ({unrecorded}): "
         f"healthy at step {status.get('step')}, {speed_text(status)}, now recorded"
     )
     return result

@@ -277,32 +277,37 @@ def test_a_crashed_trainer_brought_back_says_what_it_lost_and_what_it_skipped(
     assert [(f["kind"], f["path"]) for f in found] == [("checkpoint", str(newest))], found
 
 
-def test_a_lost_history_is_a_finding_and_deletes_no_release(trainer_repo, playbook, target_root):
-    """history.jsonl deleted under three staged releases (keep 1): verify names it, and the
-    next deploy's keep-N deletes none of the releases history no longer names, and says so."""
-    staged = {"dflash_source_dir": str(trainer_repo), "dflash_launch": False,
-              "dflash_keep_releases": 1}  # fmt: skip
+def test_a_lost_history_is_a_finding_and_deletes_no_release(
+    trainer_repo, deploy, playbook, target_root
+):
+    """history.jsonl deleted under three releases (keep 1) and a running trainer: verify names
+    it; the next deploy adopts the trainer without claiming an interrupted run, and its keep-N
+    deletes none of the releases history no longer names, and says so."""
     for tag in ("v2", "v3"):
         add_release(trainer_repo, tag, "dflash/__init__.py", f"# {tag}\n")
-    for tag in ("v1", "v2", "v3"):
-        assert playbook("deploy.yml", dflash_ref=tag, **staged).rc == 0
+    for tag in ("v1", "v2"):
+        assert deploy(tag, dflash_launch=False, dflash_keep_releases=1).rc == 0
+    assert deploy("v3", dflash_keep_releases=1).rc == 0
     releases = sorted(p.name for p in (target_root / "releases").iterdir())
+    assert releases == ["v2", "v3"]  # v1 was beyond keep-N while history named it
     (target_root / "history.jsonl").unlink()
 
-    audit = playbook("verify.yml", dflash_launch=False)
-    assert audit.rc != 0 and "history" in kinds(audit), audit.output
-    [lost] = [f for f in audit.report["hosts"]["local"]["findings"] if f["kind"] == "history"]
-    assert lost["found"] == (
-        f"{target_root}/history.jsonl missing; releases it does not name: {', '.join(releases)}"
+    audit = playbook("verify.yml")
+    assert audit.rc != 0 and kinds(audit) == {"history"}, audit.output
+    [lost] = audit.report["hosts"]["local"]["findings"]
+    assert (
+        lost["found"] == f"{target_root}/history.jsonl missing; releases it does not name: v2, v3"
     )
 
-    again = playbook("deploy.yml", dflash_ref="v3", **staged)
+    again = deploy("v3", dflash_keep_releases=1)
     assert again.rc == 0, again.output
-    assert sorted(p.name for p in (target_root / "releases").iterdir()) == releases
     flat = " ".join(again.output.split())
+    assert "unknown to history (history.jsonl is missing): healthy at step" in flat, flat
+    assert "interrupted run" not in flat
+    assert sorted(p.name for p in (target_root / "releases").iterdir()) == releases
     assert (
-        "Kept releases that no line of history.jsonl names (history lost or cut short, or a "
-        f"run killed before its record): {', '.join(r for r in releases if r != 'v3')};" in flat
-    )
-    # History names current again: no finding; the kept releases stay named at each record.
-    assert "history" not in kinds(playbook("verify.yml", dflash_launch=False))
+        "Kept releases that no line of history.jsonl names (history lost or cut short, or a run "
+        "killed before its record): v2;"
+    ) in flat
+    # History names current again: verify is clean; v2 stays named at each record.
+    assert playbook("verify.yml").rc == 0
