@@ -242,6 +242,12 @@ def dflash_run_spec(data: dict) -> dict:
     return spec
 
 
+def env_name(lock: object) -> str:
+    """envs/<lock id> of a lock, for a task's name; a deployment that recorded no lock (an old
+    or torn history line) has none, and the name must still render."""
+    return lock_id(lock) if isinstance(lock, dict) else "(no lock recorded)"
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -252,4 +258,5 @@ class FilterModule:
             "dflash_release_problem": release_id_problem,
             "dflash_env_lock_problems": lock_problems,
             "dflash_lock_id": lock_id,
+            "dflash_env_name": env_name,
         }

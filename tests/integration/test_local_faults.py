@@ -311,3 +311,11 @@ def test_a_lost_history_is_a_finding_and_deletes_no_release(
     ) in flat
     # History names current again: verify is clean; v2 stays named at each record.
     assert playbook("verify.yml").rc == 0
+
+    # A release history does not name is rolled back to by name: no template error for the
+    # lock its missing line would have given (rollback.yml's env step), the run.sh that is there.
+    back = playbook("rollback.yml", dflash_release="v2", dflash_launch=True,
+                    dflash_health_timeout=180)  # fmt: skip
+    assert back.rc == 0, back.output
+    assert "has no attribute 'lock'" not in back.output, back.output
+    assert (target_root / "current").resolve().name == "v2"
