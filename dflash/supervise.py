@@ -29,7 +29,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash.goodput import epoch
+from dflash.stopflag import StopFlag
 from dflash.supervision import CANARY_FAILED, Policy, RunRecord, log, move_aside, read_status
 
 DUMP_WAIT_S = 3.0  # time the stacks get to reach the log before the kill
@@ -109,7 +109,7 @@ class Supervisor:
         self.policy = policy
         self.record = record
         self.command = command
-        self.stop = threading.Event()
+        self.stop = StopFlag()  # set by a signal handler: no lock (dflash/stopflag.py)
         self.stop_reason = ""
         self.full_disk_at = 0.0  # when the run folder's disk was last seen full
         for signum in (signal.SIGTERM, signal.SIGINT):

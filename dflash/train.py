@@ -20,7 +20,6 @@ import os
 import signal
 import statistics
 import sys
-import threading
 import time
 import traceback
 from collections import deque
@@ -38,6 +37,7 @@ from dflash.provenance import code_tree_sha256, header_lines
 from dflash.resume import resume, resume_order, save_checkpoint
 from dflash.stages import StageWindow, stage_text
 from dflash.status import StatusFile, print_line, utc_now
+from dflash.stopflag import StopFlag
 from dflash.supervision import CACHE_SUSPECT_EXIT
 from dflash.topology import Layout, plan_layout, resolve_roles
 
@@ -74,7 +74,7 @@ class StopRequest:
     """SIGTERM/SIGINT set a flag that the loop reads between steps: a step is never cut."""
 
     def __init__(self) -> None:
-        self.event = threading.Event()
+        self.event = StopFlag()  # set by the signal handler: no lock (dflash/stopflag.py)
         self.reason = ""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._handle)
