@@ -343,14 +343,15 @@ def adopt(module: AnsibleModule, dog: Watchdog, record: dict, manifest: dict, re
     )  # fmt: skip
     tokens_per_s = judge(params, status, run_id, log_path)
     result.update(status=status, tokens_per_s=tokens_per_s)
-    result["recorded"] = record_healthy(
-        root, params, manifest, release, status, run_id, adopted_after=record.get("started_at")
-    )
-    # Only what is known: history may have been lost rather than a run interrupted.
+    # Only what is known, read before this run's record writes the file: history may have been
+    # lost rather than a run interrupted.
     unrecorded = (
         "history.jsonl is missing"
         if not os.path.isfile(os.path.join(root, HISTORY))
         else "a run killed before its record started it, or history was cut short"
+    )
+    result["recorded"] = record_healthy(
+        root, params, manifest, release, status, run_id, adopted_after=record.get("started_at")
     )
     result["msg"] = (
         f"adopted trainer pid {record['pid']} (run {run_id}), unknown to history ({unrecorded}): "

@@ -84,9 +84,12 @@ def test_healthy_launch_no_restart_then_clean_switch(deploy, playbook, trainer_r
     verify = playbook("verify.yml")
     assert verify.rc == 0 and verify.report["hosts"]["local"]["verdict"] == "ok", verify.output
 
-    # Another trainer flag: the deploy's steps run, saying why, and the trainer is restarted.
+    # Another trainer flag: the deploy's steps run, saying why in the flag's terms (not "run.sh
+    # differs"), and the trainer is restarted.
     other = deploy("v2", dflash_trainer_args={**TRAINER_ARGS, "checkpoint_every": 40})
-    assert other.rc == 0 and "run.sh on the target differs" in other.output, other.output
+    flat = " ".join(other.output.split())
+    assert other.rc == 0 and "- 'trainer flag --checkpoint-every: 1000 -> 40'" in flat, flat
+    assert "run.sh on the target differs" not in flat
     assert read_json(target_root / "trainer.json")["run_id"] != new["run_id"]
 
 
