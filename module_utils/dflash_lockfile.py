@@ -201,12 +201,17 @@ def acquire(
         unchanged = not held and taken >= 0 and expect_generation == taken
         if not mine:
             _bump_generation(root)
+        # A run that takes over an interrupted one of its kind carries its intent on: killed
+        # again, the next run still finishes what the first began (where it was going, and
+        # from where), not what the second knew when it was killed.
+        taking_over = bool(take_over and held and held.get("token") == take_over)
+        intent = held if taking_over and held.get("action") == action else {}
         lock = mine or {
             "token": token,
             "holder": holder,
             "action": action,
-            "release": release,
-            "from_release": from_release,
+            "release": release or intent.get("release"),
+            "from_release": intent.get("from_release") or from_release,
             "started": utc_now(),
             "phase": "locked",
             ROOT_CREATED: created,

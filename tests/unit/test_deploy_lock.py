@@ -184,3 +184,38 @@ def test_concurrent_takers_get_one_winner(tmp_path: Path, sleeper):
     for thread in threads:
         thread.join()
     assert sorted(results) == [False] * 5 + [True]
+
+
+def test_a_rollback_killed_twice_keeps_the_first_ones_intent(tmp_path: Path, sleeper):
+    """A plain rollback (no release named) from v6 notes v7 when it switches current, and is
+    killed; a plain rerun takes over, is killed in its health wait; the third run must still
+    go to v7, from v6: the second run's own lock carried the intent on."""
+    root = str(tmp_path / "dflash")
+    os.mkdir(root)
+    holders = []
+    for _ in range(3):
+        proc = sleeper()
+        holders.append((proc, holder_of(proc)))
+
+    def kill(index: int) -> None:
+        holders[index][0].kill()
+        holders[index][0].wait()
+
+    (_, first), (_, second), (_, third) = holders
+    acquire(root, token_of(first), first, "rollback", None, from_release="v6")
+    acquire(root, token_of(first), first, "rollback", "v7")  # noted at the switch of current
+    kill(0)
+    got = acquire(root, token_of(second), second, "rollback", None, take_over=token_of(first),
+                  from_release="v7")  # fmt: skip
+    assert got["taken_over"]["release"] == "v7"
+    assert (got["lock"]["release"], got["lock"]["from_release"]) == ("v7", "v6")
+    kill(1)
+    got = acquire(root, token_of(third), third, "rollback", None, take_over=token_of(second),
+                  from_release="v7")  # fmt: skip
+    assert (got["taken_over"]["release"], got["taken_over"]["from_release"]) == ("v7", "v6")
+    # Another action does not inherit a rollback's intent: a deploy names its own release.
+    kill(2)
+    deployer = holder_of(sleeper())
+    got = acquire(root, token_of(deployer), deployer, "deploy", None, take_over=token_of(third),
+                  from_release="v7")  # fmt: skip
+    assert (got["lock"]["release"], got["lock"]["from_release"]) == (None, "v7")
