@@ -73,6 +73,17 @@ def test_an_interrupted_rollback_is_finished_by_a_plain_rerun(
         kill_at(proc, LAUNCH, started(root, before))
         lock = read_json(root / ".deploy.lock")
         assert (lock["action"], lock["release"], lock["from_release"]) == ("rollback", "v1", "v2")
+        if killed_in == "launch":
+            # Its plain rerun killed in turn, in its own launch: the intent (to v1, from v2)
+            # must pass through that second lock to the next run.
+            second = subprocess.Popen(
+                playbook_command("rollback.yml", {**base, "dflash_root": str(root)}), cwd=REPO,
+                env=playbook_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                bufsize=1,
+            )  # fmt: skip
+            kill_at(second, LAUNCH)
+            lock = read_json(root / ".deploy.lock")
+            assert (lock["release"], lock["from_release"]) == ("v1", "v2"), lock
 
         rerun = playbook("rollback.yml", **base)
         assert rerun.rc == 0, rerun.output
