@@ -74,14 +74,15 @@ def test_an_interrupted_rollback_is_finished_by_a_plain_rerun(
         lock = read_json(root / ".deploy.lock")
         assert (lock["action"], lock["release"], lock["from_release"]) == ("rollback", "v1", "v2")
         if killed_in == "launch":
-            # Its plain rerun killed in turn, in its own launch: the intent (to v1, from v2)
-            # must pass through that second lock to the next run.
+            # Its plain rerun killed in turn, before its own launch: the intent (to v1, from v2)
+            # must pass through that second lock to the next run. (Killed in its launch, the
+            # launch's async worker on the target would run on: issue 51, left open.)
             second = subprocess.Popen(
                 playbook_command("rollback.yml", {**base, "dflash_root": str(root)}), cwd=REPO,
                 env=playbook_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 bufsize=1,
             )  # fmt: skip
-            kill_at(second, LAUNCH)
+            kill_at(second, "TASK [dflash_activate : Make the release current")
             lock = read_json(root / ".deploy.lock")
             assert (lock["release"], lock["from_release"]) == ("v1", "v2"), lock
 
@@ -97,14 +98,14 @@ def test_an_interrupted_rollback_is_finished_by_a_plain_rerun(
         )  # fmt: skip
         assert interrupted["previous"] == "v2"
         if killed_in == "launch":
-            # The second run was killed at its launch's start (its lock still `locked`); the
-            # first one's line is before it, with the same intent.
+            # The second run was killed before its launch (its lock still `locked`); the first
+            # one's line is before it, with the same intent.
             first = history(root)[-3]
             assert (first["result"], first["release"], first["previous"]) == (
                 "interrupted", "v1", "v2",
             )  # fmt: skip
             assert first["phase"] in {"launch", "health check"}
-            assert interrupted["phase"] in {"locked", "launch"}
+            assert interrupted["phase"] == "locked"
             assert "unknown release" not in rerun.text
         else:
             assert interrupted["phase"] == "health check"
