@@ -27,6 +27,12 @@ class LayoutError(ValueError):
     pass
 
 
+def flag_name(key: object) -> str:
+    """A dflash_trainer_args key as the trainer's command line spells it: `checkpoint_every`
+    is `--checkpoint-every`."""
+    return "--" + str(key).replace("_", "-")
+
+
 def parse_gpus(value: object, name: str) -> list[int]:
     """[0, 1, 2] from a list of ints, '0-2', '0,1,2', '0-1,2'; [] from None or ''."""
     if value is None or value == "" or value == []:
@@ -119,7 +125,7 @@ def trainer_flags(args: object) -> list[list[str]]:
                 f"dflash_trainer_args sets '{key}'; name the training data with "
                 f"{DATA_FLAGS[key]}: a store folder or JSONL file on the target, or self_generated"
             )
-        flag = "--" + str(key).replace("_", "-")
+        flag = flag_name(key)
         if value is True:
             groups.append([flag])
         elif value is False or value is None:

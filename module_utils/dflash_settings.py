@@ -4,12 +4,12 @@
 # Standard library only: the target's modules and the controller's filters use it alike.
 from __future__ import annotations
 
-SELF_GENERATED = "self_generated"
-
-
-def flag(name: str) -> str:
-    """`checkpoint_every` as the trainer's command line spells it: `--checkpoint-every`."""
-    return "--" + str(name).replace("_", "-")
+try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
+    from ansible.module_utils.dflash_data import SELF_GENERATED
+    from ansible.module_utils.dflash_layout import flag_name
+except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
+    from dflash_data import SELF_GENERATED
+    from dflash_layout import flag_name
 
 
 def _mapping(what: str, old: dict | None, new: dict | None, name=str) -> list[str]:
@@ -64,7 +64,7 @@ def setting_changes(before: dict | None, after: dict | None) -> list[str]:
     line's shape (`run_sh`: layout, trainer_args, trainer_env, torchrun_args; `data`)."""
     before, after = before or {}, after or {}
     old, new = before.get("run_sh") or {}, after.get("run_sh") or {}
-    lines = _mapping("trainer flag", old.get("trainer_args"), new.get("trainer_args"), flag)
+    lines = _mapping("trainer flag", old.get("trainer_args"), new.get("trainer_args"), flag_name)
     lines += _mapping("trainer env", old.get("trainer_env"), new.get("trainer_env"))
     if (old.get("torchrun_args") or []) != (new.get("torchrun_args") or []):
         lines.append(
@@ -83,7 +83,9 @@ def settings_text(entry: dict | None) -> str:
     entry = entry or {}
     run_sh = entry.get("run_sh") or {}
     args = run_sh.get("trainer_args") or {}
-    flags = " ".join(f"{flag(k)} {v}" for k, v in sorted(args.items(), key=lambda kv: str(kv[0])))
+    flags = " ".join(
+        f"{flag_name(k)} {v}" for k, v in sorted(args.items(), key=lambda kv: str(kv[0]))
+    )
     return (
         f"data {data_text(entry.get('data'))}, GPUs {gpus_text(run_sh.get('layout'))}, "
         f"flags {flags or 'none'}"
