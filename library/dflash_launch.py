@@ -35,7 +35,10 @@ description:
   - Stopping sends SIGCONT first (a stopped trainer cannot act on SIGTERM), and says how many
     steps past its last checkpoint a trainer killed after the timeout lost.
   - Long waits end when this run's deploy lock is lost (taken over, or its ansible-playbook
-    process died where the target can see it), so they never outlive the play.
+    process died where the target can see it, or, with I(poll_timeout_s), no task of its play
+    reached the target for that long), so they never outlive the play. The same is checked
+    again right before the old trainers are stopped, the new one is started and its line
+    recorded, so the background job of a killed play starts and records nothing.
 extends_documentation_fragment:
   - dflash_state_root
   - dflash_deploy_lock_token
@@ -126,6 +129,14 @@ options:
     description: What C(trainer.json) says stopped the trainer (I(state=stopped)).
     type: str
     default: stop.yml
+  poll_timeout_s:
+    description:
+      - Seconds without a task of this run's play reaching the target (each run of the wait
+        on this job, M(dflash_wait), notes one in the deploy lock) after which the play is
+        taken for dead where its process cannot be seen from the target (a container, another
+        host); 0 never. On the local target the process itself is checked.
+    type: float
+    default: 0
 attributes:
   check_mode:
     support: full
@@ -288,11 +299,17 @@ def judge(params: dict, status: dict, run_id: str, log_path: str) -> float:
     return tokens_per_s
 
 
-def record_healthy(root: str, params: dict, manifest: dict, release: str, status: dict,
-                   run_id: str, **extra: object) -> bool:  # fmt: skip
+def record_healthy(root: str, params: dict, dog: Watchdog, manifest: dict, release: str,
+                   status: dict, run_id: str, **extra: object) -> bool:  # fmt: skip
     """The healthy trainer's history line, written by the step that proved it."""
     if params["record"] is None:
         return False
+    # A play killed during the health wait records nothing: its trainer runs on, unrecorded,
+    # and the next deploy or rollback checks and records it (adopt).
+    dog.check_now(
+        f"record run {run_id} as healthy (its trainer is left running for the next "
+        "deploy or rollback to check and record)"
+    )
     # The data as the trainer itself read them, in place of what the deploy found at the path.
     data = status.get("data") or params["record"].get("data")
     fields = dict(params["record"], run_id=run_id, tokens_per_s=status.get("tokens_per_s"),
@@ -351,8 +368,9 @@ def adopt(module: AnsibleModule, dog: Watchdog, record: dict, manifest: dict, re
         else "a run killed before its record started it, or history was cut short"
     )
     result["recorded"] = record_healthy(
-        root, params, manifest, release, status, run_id, adopted_after=record.get("started_at")
-    )
+        root, params, dog, manifest, release, status, run_id,
+        adopted_after=record.get("started_at"),
+    )  # fmt: skip
     result["msg"] = (
         f"adopted trainer pid {record['pid']} (run {run_id}), unknown to history ({unrecorded}): "
         f"healthy at step {status.get('step')}, {speed_text(status)}, now recorded"
@@ -425,12 +443,15 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
     reached = before.get("step")  # the old run's last step
     if params["token"]:
         fence(root, params["token"], phase="launch", release=current)
+    dog.check_now("stop the old trainers")
     result["stopped"] = stop_all(trainers, params["stop_timeout"], root)
     leftover = result["stopped"]["survivors"] + [t["pid"] for t in find_trainers(root)]
     if leftover:
         raise LaunchError(
             f"trainer processes {sorted(set(leftover))} survived SIGKILL; not starting"
         )
+    # Stopping an old trainer can take a minute (its checkpoint): the play may have died since.
+    dog.check_now(f"start the trainer of release {current}")
     proc, run_id, log_path = start_run(root, current, run_sh)
     try:
         write_trainer_record(root, {
@@ -463,7 +484,7 @@ def launch(module: AnsibleModule, dog: Watchdog, trainers: list[dict], result: d
         raise
     result.update(status=status, tokens_per_s=tokens_per_s)
     lost = steps_lost(reached, status.get("resumed_from_step"))
-    result["recorded"] = record_healthy(root, params, manifest, current, status, run_id,
+    result["recorded"] = record_healthy(root, params, dog, manifest, current, status, run_id,
                                         **({"steps_lost": lost} if lost else {}))  # fmt: skip
     stopped_text = stop_summary(result["stopped"])
     result["msg"] = (
@@ -485,7 +506,8 @@ def run(module: AnsibleModule) -> dict:
         return stop(module, root, trainers)
     result: dict = {"changed": False, "stopped": {}, "found": [t["pid"] for t in trainers],
                     "adopted": False, "recorded": False}  # fmt: skip
-    with Watchdog(root, None if module.check_mode else params["token"]) as dog:
+    token = None if module.check_mode else params["token"]
+    with Watchdog(root, token, poll_timeout_s=params["poll_timeout_s"]) as dog:
         result = launch(module, dog, trainers, result)
     if result.get("record_repaired"):
         done = "would be rewritten" if module.check_mode else "rewritten"
@@ -517,6 +539,7 @@ def main() -> None:
             "run_sh_sha256": {"type": "str"},
             "job": {"type": "dict", "default": {}},
             "stopped_by": {"type": "str", "default": "stop.yml"},
+            "poll_timeout_s": {"type": "float", "default": 0.0},
         },
         supports_check_mode=True,
     )

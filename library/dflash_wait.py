@@ -19,7 +19,17 @@ description:
   - While the job runs, C(progress) says what the trainer named by O(progress) has got to, read
     from its C(status.json), e.g. C(step 3 of 5); a status that cannot be read, or is another
     release's, leaves it out.
+  - With O(root) and O(token), each run proves the run still holds the deploy lock and notes
+    in it that its play reached the target now, so a background job of a play that stopped
+    polling it (killed) sees that and changes nothing more (M(dflash_launch), its
+    C(poll_timeout_s)). Fails once the lock is no longer this run's. Not in check mode.
 options:
+  root:
+    description: The state root whose deploy lock this run holds (read with O(token) only).
+    type: path
+  token:
+    description: The deploy lock's token of this run (M(dflash_deploy_lock)).
+    type: str
   jid:
     description: The job id, as C(ansible.builtin.async_status) takes it.
     type: str
@@ -93,6 +103,7 @@ import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_lockfile import LockError, fence
 from ansible.module_utils.dflash_state import read_json
 
 # How often the job file is read while waiting: a stat and a small read, nothing more.
@@ -123,6 +134,8 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "jid": {"type": "str", "required": True},
+            "root": {"type": "path"},
+            "token": {"type": "str", "no_log": False},
             "async_dir": {"type": "path", "required": True},
             "wait_s": {"type": "float", "default": 5.0},
             "progress": {
@@ -136,6 +149,11 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    if module.params["root"] and module.params["token"] and not module.check_mode:
+        try:  # the play is alive: its background job may go on (the lock's polled_epoch)
+            fence(module.params["root"], module.params["token"])
+        except LockError as err:
+            module.fail_json(msg=str(err), finished=False)
     job = os.path.join(module.params["async_dir"], module.params["jid"])
     deadline = time.monotonic() + max(module.params["wait_s"], 0.0)
     finished = job_finished(job)

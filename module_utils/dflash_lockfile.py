@@ -216,7 +216,8 @@ def acquire(
             "phase": "locked",
             ROOT_CREATED: created,
         }
-        lock.update(renewed=utc_now(), renewed_epoch=time.time())
+        now = time.time()
+        lock.update(renewed=utc_now(), renewed_epoch=now, polled_epoch=now)
         if release:
             lock["release"] = release
         _store(fd, lock)
@@ -242,8 +243,10 @@ def release(root: str, token: str) -> bool:
     return True
 
 
-def fence(root: str, token: str, **fields: object) -> dict:
-    """Prove `token` still holds the lock and note where the run is (phase); renews it."""
+def fence(root: str, token: str, polled: bool = True, **fields: object) -> dict:
+    """Prove `token` still holds the lock and note where the run is (phase); renews it.
+    `polled`: the call comes from a module run the controller started, so its play was alive
+    now (`polled_epoch`); a watchdog's renewal from the target says nothing of the play."""
     if not os.path.exists(os.path.join(root, LOCK)):
         raise LockError(
             f"this run's deploy lock {os.path.join(root, LOCK)} is gone; it was broken by hand "
@@ -257,7 +260,10 @@ def fence(root: str, token: str, **fields: object) -> dict:
                 f"{describe(held) if held.get('holder') else 'nobody'} holds it now. Nothing "
                 "more is changed by this run"
             )
-        held.update(fields, renewed=utc_now(), renewed_epoch=time.time())
+        now = time.time()
+        held.update(fields, renewed=utc_now(), renewed_epoch=now)
+        if polled:
+            held["polled_epoch"] = now
         if "phase" in fields:
             held["phase_since"] = utc_now()
         _store(fd, held)

@@ -270,3 +270,55 @@ def test_sigstopped_trainer_is_restarted_cleanly(deploy, target_root):
     assert not alive(record["pid"])
     assert read_json(target_root / "trainer.json")["pid"] != record["pid"]
     assert list((target_root / "checkpoints").glob("*.pt")), "no checkpoint on SIGTERM"
+
+
+def test_a_launch_whose_playbook_was_killed_while_stopping_starts_nothing(
+    deploy, playbook, trainer_repo, target_root
+):
+    """The launch runs in the background (async): killed while the old trainer stops, the play
+    leaves that job running on the target. Once the stop is done it must not start the new
+    trainer for a play that is gone; the plain rerun takes over and starts it."""
+    assert deploy("v1").rc == 0
+    old = read_json(target_root / "trainer.json")
+    add_release(trainer_repo, "v2", "dflash/__init__.py", "# v2\n")
+    # A process of the run (the marker run.sh exports) that ignores SIGTERM: the stop of the
+    # old trainers lasts the whole stop timeout, and the kill lands inside it.
+    deaf = subprocess.Popen(
+        ["python3", "-c",
+         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"],
+        env=dict(os.environ, DFLASH_ROOT=os.path.realpath(target_root)),
+    )  # fmt: skip
+    variables = {
+        "dflash_root": str(target_root), "dflash_source_dir": str(trainer_repo),
+        "dflash_ref": "v2", "dflash_launch": True, "dflash_trainer_args": TRAINER_ARGS,
+        "dflash_health_timeout": 180, "dflash_stop_timeout": 15,
+    }  # fmt: skip
+    jobs_before = set(Path("~/.ansible_async").expanduser().glob("*"))
+    try:
+        # Killed once the old trainer is gone and the deaf one still holds the stop up.
+        kill_at(start(variables), "TASK [dflash_launch : Check the files, stop every old trainer",
+                lambda: not alive(old["pid"]))  # fmt: skip
+        assert deaf.wait(timeout=60) == -signal.SIGKILL  # the orphaned job's stop went on
+    finally:
+        if deaf.poll() is None:
+            deaf.kill()
+
+    def orphans_result() -> dict | None:
+        for path in set(Path("~/.ansible_async").expanduser().glob("*")) - jobs_before:
+            result = read_json(path) or {}
+            if str(target_root) in str(result.get("msg", "")):
+                return result
+        return None
+
+    assert wait_for(lambda: orphans_result() is not None, 60), "the orphaned launch never ended"
+    said = " ".join(orphans_result()["msg"].split())
+    assert "has died" in said and "not going on to start the trainer of release v2" in said
+    # Nothing was started for the dead play: no run of v2, no trainer of the root.
+    assert not [p for p in (target_root / "runs").iterdir() if p.name.endswith("-v2")]
+    assert (read_json(target_root / "trainer.json") or {}).get("run_id") == old["run_id"]
+    assert not any(is_trainer(int(p), target_root) for p in os.listdir("/proc") if p.isdigit())
+
+    rerun = playbook("deploy.yml", **{k: v for k, v in variables.items() if k != "dflash_root"})
+    assert rerun.rc == 0 and "took over the deploy lock" in rerun.text, rerun.output
+    assert status_of(target_root)["release"] == "v2"
+    assert playbook("verify.yml").rc == 0

@@ -167,6 +167,54 @@ def test_watchdog_ends_work_when_the_holder_dies(tmp_path: Path, sleeper):
             dog.check()
 
 
+def test_a_play_dead_at_once_is_seen_before_the_next_change(tmp_path: Path, sleeper):
+    """check_now looks at once: the seconds between two of the watchdog's looks are when an
+    orphaned launch would stop the old trainer or start a new one."""
+    root = tmp_path / "dflash"
+    root.mkdir()
+    proc = sleeper()
+    holder = holder_of(proc)
+    acquire(str(root), token_of(holder), holder, "rollback", "v7")
+    with Watchdog(str(root), token_of(holder), interval_s=600) as dog:
+        dog.check_now("start the trainer of release v7")  # alive: nothing to say
+        proc.kill()
+        proc.wait()
+        with pytest.raises(LockError, match=r"has died.*not going on to start the trainer of"):
+            dog.check_now("start the trainer of release v7")
+        with pytest.raises(LockError, match="has died"):
+            dog.check()  # and it stays lost
+
+
+def test_a_play_out_of_sight_is_dead_once_it_stops_polling(tmp_path: Path):
+    """A holder the target cannot see (another host, another pid namespace): its play is alive
+    while its module runs note a poll in the lock (fence), dead once none came for the set
+    time; the watchdog's own renewals do not count as polls."""
+    root = tmp_path / "dflash"
+    root.mkdir()
+    holder = {"user": "t", "host": "controller", "pid": 4242, "pid_start": 1,
+              "boot_id": "another-kernel", "pid_ns": 1}  # fmt: skip
+    token = token_of(holder)
+    acquire(str(root), token, holder, "rollback", "v7")
+    assert holder_alive(holder) is None
+    with Watchdog(str(root), token, interval_s=600, poll_timeout_s=30) as dog:
+        dog.check_now("stop the old trainers")  # polled at acquire: alive
+        lock = json.loads((root / LOCK).read_text())
+        lock["polled_epoch"] = time.time() - 31
+        (root / LOCK).write_text(json.dumps(lock))
+        fence(str(root), token, polled=False)  # a watchdog's renewal: still silent
+        with pytest.raises(LockError, match=r"for 3\d s \(more than 30 s\).*not going on to"):
+            dog.check_now("stop the old trainers")
+    fence(str(root), token)  # a poll (dflash_wait's run): alive again
+    with Watchdog(str(root), token, interval_s=600, poll_timeout_s=30) as dog:
+        dog.check_now("start the trainer of release v7")
+    # Without a poll timeout (a synchronous module's work) silence says nothing.
+    lock = json.loads((root / LOCK).read_text())
+    lock["polled_epoch"] = time.time() - 3600
+    (root / LOCK).write_text(json.dumps(lock))
+    with Watchdog(str(root), token, interval_s=600) as dog:
+        dog.check_now("build the env")
+
+
 def test_concurrent_takers_get_one_winner(tmp_path: Path, sleeper):
     root = tmp_path / "dflash"
     root.mkdir()
