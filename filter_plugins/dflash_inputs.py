@@ -35,7 +35,7 @@ _SOURCES = ("roles/**/*.yml", "roles/**/*.j2", "playbooks/**/*.yml", "inventory/
             "connection_plugins/*.py")  # fmt: skip
 
 
-# A filter's name where a filter plugin maps it to its function ("dflash_lock_id": lock_id,).
+# A filter's name where a filter plugin maps it to its function ("dflash_lock_id": env_lock_id,).
 _FILTER = re.compile(r'"(dflash_[a-z0-9_]+)":\s*[a-z_]')
 
 
@@ -248,6 +248,12 @@ def env_name(lock: object) -> str:
     return lock_id(lock) if isinstance(lock, dict) else "(no lock recorded)"
 
 
+def env_lock_id(lock: object) -> str:
+    """The env folder name of a lock; "" where there is no lock (a rollback to a deployment
+    whose history line recorded none compares it with preflight's read and finds no env)."""
+    return lock_id(lock) if isinstance(lock, dict) else ""
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -257,6 +263,6 @@ class FilterModule:
             "dflash_run_spec": dflash_run_spec,
             "dflash_release_problem": release_id_problem,
             "dflash_env_lock_problems": lock_problems,
-            "dflash_lock_id": lock_id,
+            "dflash_lock_id": env_lock_id,
             "dflash_env_name": env_name,
         }

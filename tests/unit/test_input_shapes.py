@@ -83,3 +83,17 @@ def test_each_wrong_variable_is_named_once_in_table_order():
         "dflash_trainer_env must be a mapping of NAME: value, got the string 'A=1'; "
         """e.g. -e '{"dflash_trainer_env": {"NCCL_DEBUG": "WARN"}}'""",
     ]
+
+
+def test_a_deployment_that_recorded_no_lock_still_renders():
+    """A rollback to a history line without a lock (an old or torn line): the env's name and
+    id render instead of failing the play (issue 51: `'NoneType' object has no attribute
+    'items'` in dflash_lock_id)."""
+    from dflash_input_filters import FilterModule
+
+    filters = FilterModule().filters()
+    lock = {"python": "3.11", "packages": {"torch": "2.13.0"}}
+    assert filters["dflash_lock_id"](lock).startswith("lock-")
+    assert filters["dflash_lock_id"](None) == ""
+    assert filters["dflash_env_name"](None) == "(no lock recorded)"
+    assert filters["dflash_env_name"](lock) == filters["dflash_lock_id"](lock)
