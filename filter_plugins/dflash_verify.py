@@ -259,7 +259,7 @@ def throughput_findings(
     facts: dict, min_ratio: float = 0.8, heartbeat_max_age: float = 60
 ) -> list[dict]:
     """`throughput` when the running trainer's tokens/s is under `min_ratio` of its health
-    check or of the fastest healthy deployment of the same layout and shape."""
+    check or of the fastest healthy deployment of the same layout, shape and data."""
     view = throughput_view(facts, min_ratio, heartbeat_max_age)
     ratios, bands = view["ratios"], view["bands"]
     if not view["judged"] or all(ratio >= bands[key] for key, ratio in ratios.items()):
@@ -276,7 +276,7 @@ def throughput_findings(
         which = "this deployment" if fastest.get("current") else _named(fastest)
         expected.append(
             f">= {bands['fastest']:g} x {_speed(reference_speed(fastest))} tokens/s "
-            f"(fastest of this layout and shape: {which})"
+            f"(fastest of this layout, shape and data: {which})"
         )
         found.append(f"x{ratios['fastest']:g} of the fastest")
     trainer = trainer_summary(facts) or {}

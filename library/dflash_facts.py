@@ -127,7 +127,7 @@ gpu:
 throughput_references:
   description:
     - C(health_check) (the deployment of current, as measured at its health check) and
-      C(fastest) (the fastest healthy deployment of the same layout and shape), each with
+      C(fastest) (the fastest healthy deployment of the same layout, shape and data), each with
       C(number), C(release), C(time), C(tokens_per_s), C(stages); null where there is none.
   type: dict
   returned: always

@@ -12,7 +12,7 @@ description:
     the goodput and restarts (C(supervisor.json)), the compile cache it started on
     (C(status.json)) and its tokens/s over the steps (the step lines of C(train.log)).
   - For every healthy deployment under I(min_ratio) of the newest healthy deployment of the
-    same layout and shape before it, what changed from that one and from the fastest such
+    same layout, shape and data before it, what changed from that one and from the fastest such
     deployment before it (files with text diffs, environment pins, run.sh values, GPU layout,
     data), as C(dflash_history) compares two deployments.
   - The controller draws the page (the C(dflash_report_html) filter) and keeps the drops under

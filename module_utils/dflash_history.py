@@ -97,7 +97,7 @@ def select(history: list[dict], current: str | None, selector: str) -> int:
     elif text == "last":
         index = _newest(history, _deployment)
     elif text == "fastest":
-        # Of current's layout and shape (other tokens/s do not compare); of all without one.
+        # Of current's layout, shape and data (other tokens/s do not compare); of all without one.
         if now is not None and shape_of(history[now]) is not None:
             index = fastest_comparable(history, history[now])
         else:

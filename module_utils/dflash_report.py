@@ -48,7 +48,7 @@ def step_series(lines: Iterable[str], points: int = SERIES_POINTS) -> list[dict]
 
 def drop_candidates(history: list[dict], min_ratio: float) -> list[tuple[int, int]]:
     """(index, reference index) of each healthy deployment whose tokens/s is under
-    `min_ratio` of the newest comparable (same layout and shape) healthy deployment before
+    `min_ratio` of the newest comparable (same layout, shape and data) healthy deployment before
     it. The controller keeps those under verify's band (dflash_verify.band), which is never
     above `min_ratio`, so this is every drop and maybe a few more."""
     found = []

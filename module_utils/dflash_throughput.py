@@ -1,5 +1,6 @@
 # Which deployments of a target ran the same workload, so that their tokens/s compare: the
-# shape of a deployment from its recorded run.sh values, its comparable healthy deployments,
+# shape of a deployment from its recorded run.sh values and the data it trained on, its
+# comparable healthy deployments,
 # the references verify's throughput finding judges a running trainer against, and the
 # baseline of the deploy's throughput gate. Pure functions, for modules and filters alike.
 from __future__ import annotations
@@ -111,13 +112,35 @@ def reference_speed(entry: dict) -> float | None:
     return entry.get("unstarved_tokens_per_s") or entry.get("tokens_per_s")
 
 
+def data_key(entry: dict) -> tuple | None:
+    """Which data a deployment trained on, as its tokens/s depends on them (another store or
+    file is another workload: other lengths, other padding), in what both a history line and
+    the deployment being made know: a store's content hash, a JSONL file's path, or the kind
+    (self-generated samples follow the shape's target model); None where the line recorded no
+    data (written before deployments did)."""
+    data = entry.get("data")
+    if not isinstance(data, dict):
+        return None
+    kind = data.get("kind")
+    if kind == "store":
+        return kind, data.get("content_sha256")
+    if kind == "jsonl":
+        return kind, data.get("path")
+    return (kind,)
+
+
 def comparable_indexes(history: list[dict], entry: dict) -> list[int]:
-    """Indexes (oldest first) of the healthy deployments with a tokens/s figure whose shape is
-    `entry`'s; `entry` itself among them when it is such a line of `history`."""
+    """Indexes (oldest first) of the healthy deployments with a tokens/s figure that ran the
+    same workload as `entry`: its shape and its data (data_key); `entry` itself among them
+    when it is such a line of `history`."""
     shape = shape_of(entry)
     if shape is None:
         return []
-    return [i for i, other in enumerate(history) if rated(other) and shape_of(other) == shape]
+    data = data_key(entry)
+    return [
+        i for i, other in enumerate(history)
+        if rated(other) and shape_of(other) == shape and data_key(other) == data
+    ]  # fmt: skip
 
 
 def comparable(history: list[dict], entry: dict) -> list[dict]:
@@ -174,7 +197,7 @@ def throughput_references(history: list[dict], index: int | None) -> dict:
 
 def gate_baseline(history: list[dict], candidate: dict) -> dict:
     """What the deploy's throughput gate compares a new trainer with: the median tokens/s of
-    the newest GATE_PEERS healthy deployments of the candidate's layout and shape (one figure
+    the newest GATE_PEERS healthy deployments of the candidate's layout, shape and data (one figure
     of one earlier run is noise on a shared host, and another shape is another workload).
     `candidate` is a history line or the run.sh values of the deployment being made; {} when
     there is nothing to compare with."""

@@ -87,7 +87,7 @@ def test_a_throttled_trainer_is_named_with_both_figures_then_ok_once_released(
     assert FLOOR <= band <= RATIO
     assert item["expected"] == (
         f">= {band:g} x {reference:.0f} tokens/s (health check of #1 v1, {deployed['time']}); "
-        f">= {band:g} x {reference:.0f} tokens/s (fastest of this layout and shape: this "
+        f">= {band:g} x {reference:.0f} tokens/s (fastest of this layout, shape and data: this "
         "deployment)"
     )
     now = item["tokens_per_s"]

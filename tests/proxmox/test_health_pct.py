@@ -150,7 +150,7 @@ def test_a_throttled_trainer_in_a_container_is_named_and_gpu_does_not_apply(
     band = result["throughput"]["bands"]["health_check"]
     assert 0.5 <= band <= 0.8
     assert f">= {band:g} x {health_check:.0f} tokens/s (health check of #1 v1" in item["expected"]
-    assert "(fastest of this layout and shape: this deployment)" in item["expected"]
+    assert "(fastest of this layout, shape and data: this deployment)" in item["expected"]
     assert item["tokens_per_s"] <= limit
     assert "diff.yml -e dflash_diff_from=fastest" in item["hint"]
     assert result["checks"]["gpu"] == "not applicable: no nvidia-smi on the target (a CPU target)"

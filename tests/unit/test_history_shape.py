@@ -201,3 +201,31 @@ def test_the_gate_baseline_is_the_median_of_the_newest_comparable_deployments():
     # others: the median takes that figure.
     history[5]["unstarved_tokens_per_s"] = 1150.0
     assert gate_baseline(history, candidate)["tokens_per_s"] == 1100.0
+
+
+def test_another_data_is_another_workload_for_verify_and_the_gate():
+    """Issue 47: after a switch to a store of longer samples verify compared the new run with
+    the fastest one on 64-token self-generated samples (x0.397), exit 2 at every audit. The
+    data are part of the workload: a store by its content hash, a file by its path."""
+    store = {"kind": "store", "path": "/data/s", "content_sha256": "aa" * 32}
+    history = [
+        dict(line("v1", 9000.0), data={"kind": "self_generated"}),
+        dict(line("v2", 3500.0), data=store),
+        dict(line("v3", 3600.0), data=dict(store, content_sha256="bb" * 32)),  # prepared again
+        dict(line("v4", 3400.0), data={"kind": "jsonl", "path": "/data/a.jsonl"}),
+        dict(line("v5", 3300.0), data=store),
+    ]
+    current = history[-1]
+    assert comparable_indexes(history, current) == [1, 4]
+    refs = throughput_references(history, 4)
+    assert refs["fastest"]["release"] == "v2"  # not v1's 9000 on other samples
+    assert select(history, "v5", "fastest") == 1
+    # The deploy being made carries what it found at the path: the gate takes its peers only.
+    candidate = {"run_sh": current["run_sh"], "data": {"kind": "store", "path": "/data/s",
+                                                        "content_sha256": "aa" * 32}}  # fmt: skip
+    assert gate_baseline(history, candidate)["tokens_per_s"] == 3400.0
+    # A new store has no peers yet: the gate stays open, verify compares with its own check.
+    new = dict(candidate, data=dict(store, content_sha256="cc" * 32))
+    assert gate_baseline(history, new) == {}
+    jsonl = dict(candidate, data={"kind": "jsonl", "path": "/data/a.jsonl", "size": 10})
+    assert gate_baseline(history, jsonl)["count"] == 1

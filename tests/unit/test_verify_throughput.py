@@ -64,7 +64,7 @@ def test_a_trainer_below_the_ratio_of_its_health_check_is_named_with_both_figure
     # Both references, with the deployment each came from (here the same one).
     assert item["expected"] == (
         ">= 0.8 x 1000 tokens/s (health check of #2 v2, 2026-12-01T10:02:00+00:00); "
-        ">= 0.8 x 1000 tokens/s (fastest of this layout and shape: this deployment)"
+        ">= 0.8 x 1000 tokens/s (fastest of this layout, shape and data: this deployment)"
     )
     assert item["found"] == (
         "100 tokens/s over the last 20 steps at step 400 (x0.1 of the health check, "
@@ -80,7 +80,8 @@ def test_a_trainer_below_the_ratio_of_its_health_check_is_named_with_both_figure
 def test_a_trainer_at_its_health_check_but_below_the_fastest_comparable_is_named():
     fastest = ref(1, "v1", 5000.0)
     [item] = throughput_findings(facts(now=1000.0, fastest=fastest), 0.8)
-    assert "fastest of this layout and shape: #1 v1, 2026-12-01T10:01:00+00:00" in item["expected"]
+    expected = "fastest of this layout, shape and data: #1 v1, 2026-12-01T10:01:00+00:00"
+    assert expected in item["expected"]
     assert ">= 0.8 x 5000 tokens/s" in item["expected"]
     assert item["ratios"] == {"health_check": 1.0, "fastest": 0.2}
     assert "nothing was deployed" not in item["hint"]

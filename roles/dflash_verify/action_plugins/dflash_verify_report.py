@@ -203,7 +203,7 @@ def prometheus_text(report: dict[str, dict], now: float, jobs: dict | None = Non
     reference = gauge(
         "dflash_trainer_reference_tokens_per_second",
         "tokens/s of this deployment's health check and of the fastest healthy "
-        "deployment of the same layout and shape.",
+        "deployment of the same layout, shape and data.",
         "reference",
     )
     ratio = gauge(
