@@ -79,14 +79,18 @@ def history_lines(deployments: list[dict]) -> list[str]:
     ]
     repairs = [f"#{d['number']} repaired: {'; '.join(d['repaired'])}"
                for d in deployments if d.get("repaired")]  # fmt: skip
-    return _table(header, rows) + repairs
+    busy = [f"#{d['number']} {_speed(d['tokens_per_s'])} tokens/s with the trainer's wait for a "
+            f"CPU left out ({_speed(d['measured_tokens_per_s'])} as measured on a busy host)"
+            for d in deployments if d.get("measured_tokens_per_s")]  # fmt: skip
+    return _table(header, rows) + repairs + busy
 
 
 def _side(summary: dict) -> str:
+    measured = summary.get("measured_tokens_per_s")
     return (
         f"#{summary['number']} {summary.get('action')} {summary.get('release')} "
         f"({summary.get('result')}, {summary.get('time')}, {_speed(summary.get('tokens_per_s'))} "
-        "tokens/s)"
+        "tokens/s" + (f", {_speed(measured)} as measured on a busy host" if measured else "") + ")"
     )
 
 

@@ -11,9 +11,11 @@ from collections.abc import Callable, Iterable
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     from ansible.module_utils.dflash_history import compare, listing, text_diff
     from ansible.module_utils.dflash_throughput import comparable_indexes, fastest_of, rated
+    from ansible.module_utils.dflash_throughput import reference_speed as speed
 except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
     from dflash_history import compare, listing, text_diff
     from dflash_throughput import comparable_indexes, fastest_of, rated
+    from dflash_throughput import reference_speed as speed
 
 # A trainer's step line in train.log (dflash/train.py): `<utc time> step N loss L tokens/s T`.
 STEP_LINE = re.compile(r"^(\S+) step (\d+) loss \S+ tokens/s (\d+(?:\.\d+)?)")
@@ -56,7 +58,7 @@ def drop_candidates(history: list[dict], min_ratio: float) -> list[tuple[int, in
         if not rated(entry):
             continue
         before = [i for i in comparable_indexes(history, entry) if i < index]
-        if before and entry["tokens_per_s"] < min_ratio * history[before[-1]]["tokens_per_s"]:
+        if before and speed(entry) < min_ratio * speed(history[before[-1]]):
             found.append((index, before[-1]))
     return found
 
@@ -119,7 +121,7 @@ def report_data(
             {
                 "number": index + 1,
                 "reference": ref + 1,
-                "ratio": round(history[index]["tokens_per_s"] / history[ref]["tokens_per_s"], 3),
+                "ratio": round(speed(history[index]) / speed(history[ref]), 3),
                 "reference_step_spread": history[ref].get("step_spread"),
                 "previous": changes(history, ref, index, manifests, read),
                 "fastest": None

@@ -107,9 +107,17 @@ WAIT_NOISE = 0.95
 
 
 def reference_speed(entry: dict) -> float | None:
-    """A deployment's tokens/s as a running trainer's is compared with it: with the trainer's
-    wait for a CPU left out where its health check recorded that, else as measured."""
+    """A deployment's tokens/s, the one figure of its health check that the gate, verify,
+    history, diff and the report all use: with the trainer's wait for a CPU left out where its
+    health check recorded that (a busy host is not the release's doing), else as measured."""
     return entry.get("unstarved_tokens_per_s") or entry.get("tokens_per_s")
+
+
+def measured_apart(entry: dict) -> float | None:
+    """The health check's tokens/s as measured, where it differs from reference_speed (the
+    trainer waited for a CPU): shown beside it, never instead of it."""
+    measured = entry.get("tokens_per_s")
+    return measured if measured != reference_speed(entry) else None
 
 
 def data_key(entry: dict) -> tuple | None:
@@ -149,8 +157,9 @@ def comparable(history: list[dict], entry: dict) -> list[dict]:
 
 
 def fastest_of(history: list[dict], indexes: list[int]) -> int | None:
-    # On a tie the newest: the one whose code and setup are still most likely on the target.
-    return max(indexes, key=lambda i: (history[i]["tokens_per_s"], i)) if indexes else None
+    # By the figure the gate and verify judge; on a tie the newest: the one whose code and
+    # setup are still most likely on the target.
+    return max(indexes, key=lambda i: (reference_speed(history[i]), i)) if indexes else None
 
 
 def fastest_comparable(history: list[dict], entry: dict) -> int | None:

@@ -228,3 +228,27 @@ def test_export_lines_are_listed_but_never_taken_for_a_deployment(extra):
         assert (row["action"], row["result"], row["release"]) == ("restart", line["result"], "v2")
     for text, line in zip(history_lines(listing(history))[len(rows) + 1 :], extra, strict=True):
         assert f"{line['result']} (signal SIGKILL, 7 steps lost)" in text
+
+
+def test_one_figure_per_health_check_everywhere_the_measured_one_beside_it():
+    """Issue 47: verify and the gate judged a health check by its tokens/s with the trainer's
+    wait for a CPU left out (2102), while history, diff and the report showed and compared the
+    figure as measured on a busy host (1069). Now all take the one figure and name the other."""
+    from ansible.module_utils.dflash_report import drop_candidates
+
+    history = [
+        entry("v1", speed=1069.0, unstarved_tokens_per_s=2102.0),  # a busy host
+        entry("v2", speed=1500.0),
+    ]
+    rows = listing(history)
+    assert (rows[0]["tokens_per_s"], rows[0]["measured_tokens_per_s"]) == (2102.0, 1069.0)
+    assert (rows[1]["tokens_per_s"], rows[1]["measured_tokens_per_s"]) == (1500.0, None)
+    lines = history_lines(rows)
+    assert any("#1 2102 tokens/s with the trainer's wait for a CPU left out (1069 as measured"
+               in line for line in lines), lines  # fmt: skip
+    found = compare(history, 0, 1, {}, lambda release, path: None)
+    assert found["throughput"] == {"from": 2102.0, "to": 1500.0, "ratio": 0.714}
+    assert "2102 tokens/s, 1069 as measured on a busy host)" in diff_lines(found)[0]
+    # The report's drop is judged as the gate judges: x0.71 of v1 (x1.4 as measured).
+    assert drop_candidates(history, 0.8) == [(1, 0)]
+    assert select(history, "v2", "fastest") == 0
