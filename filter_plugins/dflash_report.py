@@ -214,6 +214,37 @@ def _plot_host(ax: Any, model: dict, label: str | None, color: str | None) -> No
                             textcoords="offset points", fontsize=7)  # fmt: skip
 
 
+# Label offsets tried, in points above (+) or below (-) the first place, until one is free.
+LABEL_SHIFTS = (0, 10, -10, 20, -20, 30, -30, 40, -40, 50)
+
+
+def label_boxes(figure: Any, ax: Any) -> list[Any]:
+    """The drawn extent of each point label of `ax` (laid out as the page will be)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if not hasattr(figure.canvas, "get_renderer"):
+        FigureCanvasAgg(figure)
+    figure.draw_without_rendering()
+    renderer = figure.canvas.get_renderer()
+    return [text.get_window_extent(renderer) for text in ax.texts]
+
+
+def spread_labels(figure: Any, ax: Any) -> None:
+    """Move each point label (in time order) up or down until it overlaps none placed before
+    it: deployments close in time and speed would print their labels over each other."""
+    label_boxes(figure, ax)  # lays the figure out once
+    renderer = figure.canvas.get_renderer()
+    placed: list[Any] = []
+    for text in sorted(ax.texts, key=lambda t: t.xy[0]):
+        x, y = text.xyann
+        for shift in LABEL_SHIFTS:
+            text.xyann = (x, y + shift)
+            box = text.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+        placed.append(box)
+
+
 def throughput_figure(models: dict[str, dict]) -> str:
     """tokens/s over time: each run's logged steps as a line, each deployment a point at its
     health check labelled with its release, drops ringed, restarts as dashed lines."""
@@ -232,6 +263,7 @@ def throughput_figure(models: dict[str, dict]) -> str:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
         figure.autofmt_xdate()
+        spread_labels(figure, ax)
         return _svg(figure)
 
 
@@ -273,7 +305,7 @@ color:#222}
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:12px}td,th{padding:2px 8px;border-bottom:1px solid #eee;
 text-align:left;vertical-align:top}
-.num{text-align:right}.bad{color:#b00}.muted{color:#777}
+.num{text-align:right}.bad{color:#b00}.muted{color:#777}.stale{color:#b00}
 .verdict{display:inline-block;padding:1px 8px;border-radius:4px;color:#fff;background:#777}
 .verdict.ok{background:#2a7}.verdict.drift,.verdict.broken,.verdict.unreachable{background:#c33}
 svg{max-width:100%;height:auto}pre{background:#f6f6f6;padding:6px;overflow-x:auto;font-size:12px}
@@ -360,10 +392,8 @@ def _diff_block(side: dict, rows: dict[int, dict], anchor: str, heading: str) ->
     if _cache_word(old) != _cache_word(new):
         out.append(f"<li>compile cache: <code>{_e(_cache_word(old))} -> "
                    f"{_e(_cache_word(new))}</code></li>")  # fmt: skip
-    restarts = side.get("restarts") or {}
-    if restarts.get("from") or restarts.get("to"):
-        out.append(f"<li>restarts: <code>{len(restarts.get('from') or [])} -> "
-                   f"{len(restarts.get('to') or [])}</code></li>")  # fmt: skip
+    # Only what was so before the slower health check can explain it: the supervisor's
+    # restarts of either run came after that run's health check (the table counts them).
     out.append("</ul>")
     for path, text in sorted(files.get("text", {}).items()):
         # The id on the text, inside the closed <details>: a browser opens it when a link
@@ -405,6 +435,15 @@ def _drops(model: dict) -> list[str]:
     return out
 
 
+def _deployed_since(model: dict, written: object) -> list[str]:
+    """`#N release` of each deployment or rollback made after verify's report was written."""
+    then = _time(written) if written else None
+    if then is None:
+        return []
+    return [f"#{r['number']} {r.get('release')}" for r in model["deployments"]
+            if _is_point(r) and (_time(r.get("time")) or 0) > then]  # fmt: skip
+
+
 def _verify(model: dict) -> list[str]:
     out = ['<h2 id="verify">Verify</h2>']
     found = model.get("verify")
@@ -415,6 +454,12 @@ def _verify(model: dict) -> list[str]:
     when = f", judged {_e(found['written'])}" if found.get("written") else ""
     out.append(f"<p>Verdict of the last verify.yml: <span class='verdict {_e(verdict)}'>"
                f"{_e(verdict)}</span> (release {_e(found.get('release'))}{when})</p>")  # fmt: skip
+    later = _deployed_since(model, found.get("written"))
+    if later:
+        out.append(f"<p class='stale'><b>Stale</b>: {len(later)} deployment"
+                   f"{'s' if len(later) > 1 else ''} since this verdict "
+                   f"({_e(', '.join(later))}); it judged what ran before them. Run "
+                   "<code>ansible-playbook verify.yml</code> again.</p>")  # fmt: skip
     findings = found.get("findings") or []
     if findings:
         out.append("<table><tr><th>kind</th><th>expected</th><th>found</th><th>hint</th></tr>")

@@ -166,9 +166,22 @@ def environment_of(entry: dict) -> dict[str, object]:
     return versions
 
 
+# Keys of a recorded shape that are the GPU layout's (a section of their own), not flags.
+_LAYOUT_KEYS = ("mode", "target_gpus", "drafter_gpus", "nnodes")
+
+
 def run_sh_values(entry: dict) -> dict[str, object]:
-    """run.sh values apart from the GPU layout (that one is a section of its own)."""
+    """run.sh values apart from the GPU layout (that one is a section of its own). A workload
+    flag left to its default counts as that default where the line recorded its shape (which
+    the release's own flags filled in): `target_model` unset and `tiny` are no change."""
     run_sh = {k: v for k, v in (entry.get("run_sh") or {}).items() if k != "layout"}
+    shape = entry.get("shape") or {}
+    args = dict(run_sh.get("trainer_args") or {})
+    for name, value in shape.items():
+        if name not in _LAYOUT_KEYS and args.get(name) in (None, False):
+            args[name] = value
+    if args:
+        run_sh["trainer_args"] = args
     return _flatten(run_sh, "")
 
 

@@ -252,3 +252,19 @@ def test_one_figure_per_health_check_everywhere_the_measured_one_beside_it():
     # The report's drop is judged as the gate judges: x0.71 of v1 (x1.4 as measured).
     assert drop_candidates(history, 0.8) == [(1, 0)]
     assert select(history, "v2", "fastest") == 0
+
+
+def test_a_flag_left_to_its_default_is_no_change():
+    """Issue 47: the report listed `target_model tiny -> (none)` as a change where the next
+    deployment only left the flag to its default, tiny. The recorded shape fills it in."""
+    shape = {"target_model": "tiny", "token_budget": 512, "mode": "cpu", "target_gpus": [],
+             "drafter_gpus": [], "nnodes": "1"}  # fmt: skip
+    old = entry("v1", shape=shape)
+    new = entry("v1", shape=shape)
+    new["run_sh"] = dict(new["run_sh"], trainer_args={"max_steps": 100})  # target_model unset
+    found = compare([old, new], 0, 1, {}, lambda release, path: None)
+    assert [c for c in found["changes"] if c["section"] == "run_sh"] == []
+    other = dict(new, shape=dict(shape, target_model="/models/qwen3-8b"))
+    found = compare([old, other], 0, 1, {}, lambda release, path: None)
+    [change] = [c for c in found["changes"] if c["section"] == "run_sh"]
+    assert change["name"] == "trainer_args.target_model", change

@@ -187,3 +187,62 @@ def test_a_runs_series_comes_from_its_train_log_without_the_compile_step():
     assert len(series) == 48
     sample = step_series(log, points=10)
     assert len(sample) <= 10 and sample[-1]["step"] == 49
+
+
+def test_a_verdict_older_than_a_deployment_is_marked_stale_and_restarts_are_no_cause():
+    """Issue 47: the page showed a verify verdict from before two later deploys as current,
+    and blamed a drop on `restarts: 1 -> 6` that came after its health check."""
+    verify = {"hosts": {"gpu-ct-1": {"verdict": "ok", "release": "v2", "findings": []}}}
+    data = report_data(HISTORY, MANIFESTS, lambda r, p: None, {}, 0.8)
+    data.update(current="v4", damaged=[])
+    # Judged at 11:30: v3 (12:00, rolled back) and v4 (13:00) came after it.
+    old = report.report_model(data, "gpu-ct-1", 0.8, verify, verify_time=1796383800)
+    page = report.report_html(old)
+    assert "<b>Stale</b>: 2 deployments since this verdict (#3 v3, #4 v4)" in page
+    fresh = report.report_model(data, "gpu-ct-1", 0.8, verify, verify_time=1796400000)
+    assert "Stale" not in report.report_html(fresh)
+    # The slower run's restarts (after its health check) are not among the drop's causes.
+    history = [dict(HISTORY[0]), dict(HISTORY[1], run_id="run-v2")]
+    history.append(
+        {
+            "time": "2026-12-04T11:30:00+00:00",
+            "action": "restart",
+            "run_id": "run-v2",
+            "reason": "signal SIGKILL",
+            "result": "restarted",
+        }
+    )
+    data = report_data(history, MANIFESTS, lambda r, p: None, {}, 0.8)
+    data.update(current="v2", damaged=[])
+    [drop] = report.report_model(data, "gpu-ct-1", 0.8)["drops"]
+    assert drop["previous"]["restarts"]["to"], "the restart is in the data"
+    assert "restarts:" not in report.report_html(report.report_model(data, "gpu-ct-1", 0.8))
+
+
+def test_point_labels_close_in_time_and_speed_do_not_overlap():
+    """Issue 47: deployments minutes apart at like speeds printed their labels over each
+    other. Each label moves up or down until it overlaps none before it."""
+    from matplotlib.figure import Figure
+
+    history = [dict(line(f"v{n}", 10000 + 50 * n, hour=10), time=f"2026-12-04T10:0{n}:00+00:00")
+               for n in range(5)]  # fmt: skip
+    history.append(line("v5", 9000, hour=23))  # the axis spans the day: the five cluster
+    data = report_data(history, {}, lambda r, p: None, {}, 0.8)
+    data.update(current="v5", damaged=[])
+    model = report.report_model(data, "gpu-ct-1", 0.8)
+
+    def overlaps(spread: bool) -> int:
+        figure = Figure(figsize=(11, 4.2), layout="constrained")
+        ax = figure.add_subplot()
+        report._plot_host(ax, model, None, None)
+        ax.xaxis_date()
+        ax.set_ylim(bottom=0)
+        if spread:
+            report.spread_labels(figure, ax)
+        boxes = report.label_boxes(figure, ax)
+        assert len(boxes) == 6
+        return sum(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+
+    assert overlaps(spread=False) > 0, "the case does not make labels overlap"
+    assert overlaps(spread=True) == 0
+    assert "#6 v5" in report.report_html(model)  # the page still draws
