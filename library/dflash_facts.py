@@ -26,6 +26,12 @@ options:
     description: How many of the newest history entries to return.
     type: int
     default: 50
+  baseline_from:
+    description:
+      - The first deployment, by its history.yml number, that C(throughput_references) may
+        name as the fastest (C(dflash_throughput_baseline_from)); 1 takes the whole history.
+    type: int
+    default: 1
   check_release:
     description: A release id whose files on the target are checked against its manifest.
     type: str
@@ -396,7 +402,7 @@ def recorded_trees(history: list[dict]) -> dict[str, dict]:
     return trees
 
 
-def gather(root: str, checksums: bool, history_limit: int) -> dict:
+def gather(root: str, checksums: bool, history_limit: int, baseline_from: int = 1) -> dict:
     """The state of the root; the preflight questions are added by main()."""
     release, link = current_release(root)
     manifests = release_manifests(root)
@@ -454,7 +460,7 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
         (deployment or {}).get("run_sh_text"), facts["run_sh"]["content"]
     )
     # The figures a running trainer's tokens/s is judged against, over the whole history.
-    facts["throughput_references"] = throughput_references(history, index)
+    facts["throughput_references"] = throughput_references(history, index, baseline_from)
     facts["trainers"] = trainers(root)
     facts["data"] = {path: read_data(path) for path in running_data(facts["trainers"]["processes"])}
     facts["gpu"] = probe([proc["pid"] for proc in facts["trainers"]["processes"]])
@@ -473,7 +479,8 @@ def gather(root: str, checksums: bool, history_limit: int) -> dict:
 def read(params: dict) -> dict:
     """The facts of the root and the answers to this call's questions (the lock's env, the
     release and data to check, what a rollback restores)."""
-    facts = gather(params["root"], params["checksums"], params["history_limit"])
+    facts = gather(params["root"], params["checksums"], params["history_limit"],
+                   params["baseline_from"])  # fmt: skip
     if params["check_release"]:
         facts["release_check"] = release_check(params["root"], params["check_release"])
     if params["lock"] is not None:
@@ -532,6 +539,7 @@ def main() -> None:
             "root": {"type": "path", "required": True},
             "checksums": {"type": "bool", "default": True},
             "history_limit": {"type": "int", "default": 50},
+            "baseline_from": {"type": "int", "default": 1},
             "check_release": {"type": "str"},
             "lock": {"type": "dict"},
             "rollback_release": {"type": "str"},

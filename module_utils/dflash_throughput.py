@@ -137,23 +137,26 @@ def data_key(entry: dict) -> tuple | None:
     return (kind,)
 
 
-def comparable_indexes(history: list[dict], entry: dict) -> list[int]:
+def comparable_indexes(history: list[dict], entry: dict, since: int = 1) -> list[int]:
     """Indexes (oldest first) of the healthy deployments with a tokens/s figure that ran the
     same workload as `entry`: its shape and its data (data_key); `entry` itself among them
-    when it is such a line of `history`."""
+    when it is such a line of `history`. `since`: the first deployment, by its history.yml
+    number, that may be compared with (dflash_throughput_baseline_from: a baseline accepted
+    anew leaves the faster deployments before it out)."""
     shape = shape_of(entry)
     if shape is None:
         return []
     data = data_key(entry)
     return [
         i for i, other in enumerate(history)
-        if rated(other) and shape_of(other) == shape and data_key(other) == data
+        if i + 1 >= since and rated(other) and shape_of(other) == shape
+        and data_key(other) == data
     ]  # fmt: skip
 
 
-def comparable(history: list[dict], entry: dict) -> list[dict]:
+def comparable(history: list[dict], entry: dict, since: int = 1) -> list[dict]:
     """The healthy deployments whose tokens/s compare with `entry`'s (comparable_indexes)."""
-    return [history[i] for i in comparable_indexes(history, entry)]
+    return [history[i] for i in comparable_indexes(history, entry, since)]
 
 
 def fastest_of(history: list[dict], indexes: list[int]) -> int | None:
@@ -162,9 +165,9 @@ def fastest_of(history: list[dict], indexes: list[int]) -> int | None:
     return max(indexes, key=lambda i: (reference_speed(history[i]), i)) if indexes else None
 
 
-def fastest_comparable(history: list[dict], entry: dict) -> int | None:
+def fastest_comparable(history: list[dict], entry: dict, since: int = 1) -> int | None:
     """Index of the fastest healthy deployment of `entry`'s shape, or None."""
-    return fastest_of(history, comparable_indexes(history, entry))
+    return fastest_of(history, comparable_indexes(history, entry, since))
 
 
 def reference(history: list[dict], index: int) -> dict:
@@ -189,13 +192,13 @@ def reference(history: list[dict], index: int) -> dict:
     }
 
 
-def throughput_references(history: list[dict], index: int | None) -> dict:
+def throughput_references(history: list[dict], index: int | None, since: int = 1) -> dict:
     """What a running trainer of deployment `index` is compared with: that deployment's own
     health check and the fastest comparable healthy deployment (`current` says whether that
     is the same one). Either is None when history has no such figure."""
     if index is None:
         return {"health_check": None, "fastest": None}
-    fastest = fastest_comparable(history, history[index])
+    fastest = fastest_comparable(history, history[index], since)
     return {
         "health_check": reference(history, index) if rated(history[index]) else None,
         "fastest": None
@@ -204,13 +207,13 @@ def throughput_references(history: list[dict], index: int | None) -> dict:
     }
 
 
-def gate_baseline(history: list[dict], candidate: dict) -> dict:
+def gate_baseline(history: list[dict], candidate: dict, since: int = 1) -> dict:
     """What the deploy's throughput gate compares a new trainer with: the median tokens/s of
     the newest GATE_PEERS healthy deployments of the candidate's layout, shape and data (one figure
     of one earlier run is noise on a shared host, and another shape is another workload).
     `candidate` is a history line or the run.sh values of the deployment being made; {} when
     there is nothing to compare with."""
-    peers = comparable(history, candidate)[-GATE_PEERS:]
+    peers = comparable(history, candidate, int(since or 1))[-GATE_PEERS:]
     if not peers:
         return {}
     # Each with its wait for a CPU left out where its health check recorded that: a peer

@@ -229,3 +229,16 @@ def test_another_data_is_another_workload_for_verify_and_the_gate():
     assert gate_baseline(history, new) == {}
     jsonl = dict(candidate, data={"kind": "jsonl", "path": "/data/a.jsonl", "size": 10})
     assert gate_baseline(history, jsonl)["count"] == 1
+
+
+def test_a_baseline_accepted_anew_leaves_the_faster_deployments_before_it_out():
+    """dflash_throughput_baseline_from: a release slower on purpose (same layout, shape and
+    data) is judged against the fastest from the accepted deployment on, not forever against
+    the older, faster ones."""
+    history = [line("v1", 9000.0), line("v2", 9100.0), line("v3", 6000.0), line("v4", 6100.0)]
+    assert throughput_references(history, 3)["fastest"]["release"] == "v2"
+    assert throughput_references(history, 3, since=3)["fastest"]["release"] == "v4"
+    candidate = {"run_sh": history[0]["run_sh"]}
+    assert gate_baseline(history, candidate)["tokens_per_s"] == 7550.0
+    assert gate_baseline(history, candidate, since=3)["tokens_per_s"] == 6050.0
+    assert gate_baseline(history, candidate, since=9) == {}  # nothing yet: the gate stays open
