@@ -254,6 +254,7 @@ class Supervisor:
             # A cold cache is the cure, not time: no back-off after a failed canary.
             wait = 0.0 if suspect else policy.backoff(record.quick_failures())
             record.state = "backoff"
+            record.backoff_until = time.time() + wait
             log(
                 f"the trainer ended ({record.last_error}) at step {restart['step']}, its last "
                 f"checkpoint at step {restart['checkpoint_step']}; restart "

@@ -141,6 +141,8 @@ class RunRecord:
         self.restarts: list[dict[str, Any]] = []
         self.state = "starting"
         self.last_error: str | None = None
+        # When a back-off ends and the next start is made (epoch s; None outside one).
+        self.backoff_until: float | None = None
 
     def begin(self) -> dict[str, Any]:
         """A new attempt (a start of the trainer)."""
@@ -295,6 +297,10 @@ class RunRecord:
                     "time_to_first_step_s": latest.get("time_to_first_step_s") if latest else None,
                 },
                 "last_error": self.last_error,
+                # verify's trainer_down finding says when the trainer comes back.
+                "backoff_until": utc_text(self.backoff_until)
+                if self.state == "backoff" and self.backoff_until
+                else None,
                 "attempts": [self.attempt_record(a) for a in self.attempts],
                 "goodput": goodput(self.attempts, self.started, now),
             },

@@ -1,6 +1,6 @@
 # What verify says of the trainer's supervision (dflash/supervise.py writes supervisor.json in
-# the run folder): restarts of the current deployment, its goodput, and the findings `hung`
-# and `crash_loop`. Standard library only: the controller's filters use it.
+# the run folder): restarts of the current deployment, its goodput, and the findings `hung`,
+# `trainer_down` and `crash_loop`. Standard library only: the controller's filters use it.
 from __future__ import annotations
 
 import time
@@ -39,6 +39,7 @@ def supervision_view(facts: dict) -> dict | None:
         "hang_after_s": record.get("hang_after_s"),
         "policy": record.get("policy"),
         "updated_at": record.get("updated_at"),
+        "backoff_until": record.get("backoff_until"),
     }
 
 
@@ -74,9 +75,32 @@ def _hang_limit(view: dict | None, status: dict) -> float:
     return max(HANG_STEPS * (status.get("step_s_median") or 0.0), HANG_FLOOR_S)
 
 
+def down_finding(view: dict, log: str, run_id: str | None, now: float) -> dict:
+    """`trainer_down`: the trainer ended and its supervisor waits out a back-off before the
+    next start: no training now, however well the restart may go (a crash loop in progress
+    looks the same until its last restart)."""
+    restarts, policy = view["restarts"], view.get("policy") or {}
+    down = _age(restarts.get("last_at"), now)
+    back = -(_age(view.get("backoff_until"), now) or 0.0) if view.get("backoff_until") else None
+    return finding(
+        "trainer_down",
+        "a trainer training under its supervisor",
+        f"down since {restarts.get('last_at')}"
+        + (f" ({_seconds(down)})" if down is not None else "")
+        + f": {view.get('last_error')}; restart {restarts.get('in_window', restarts.get('count'))}"
+        f" of {policy.get('max_restarts')} within {policy.get('window_s', 0):g} s, "
+        + (f"the next start in {_seconds(max(back, 0.0))}" if back is not None
+           else "the next start after its back-off"),
+        f"the supervisor starts it again by itself; read {log} for the cause (after "
+        f"{policy.get('max_restarts')} restarts within the window it stops: crash_loop)",
+        run_id=run_id,
+    )  # fmt: skip
+
+
 def supervision_findings(facts: dict, now: float | None = None) -> list[dict]:
-    """`crash_loop`: the supervisor gave up (no trainer runs); `hung`: the recorded trainer's
-    process lives and its status says running, but no step was made within the hang limit."""
+    """`crash_loop`: the supervisor gave up (no trainer runs); `trainer_down`: it waits out a
+    back-off before the next start; `hung`: the recorded trainer's process lives and its
+    status says running, but no step was made within the hang limit."""
     now = time.time() if now is None else now
     trainers = facts.get("trainers") or {}
     view = supervision_view(facts)
@@ -103,6 +127,9 @@ def supervision_findings(facts: dict, now: float | None = None) -> list[dict]:
                 run_id=run_id,
             )
         )
+    # Only while the supervisor lives: a dead one starts nothing (not_running says so).
+    if view and view["state"] == "backoff" and processes:
+        out.append(down_finding(view, log, run_id, now))
     ours = [p for p in processes if p.get("run_id") == run_id and p.get("status")]
     status = ours[0]["status"] if ours else {}
     idle = _age(status.get("last_step_at"), now)

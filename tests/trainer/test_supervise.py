@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -167,7 +168,11 @@ def test_a_stop_during_the_back_off_starts_nothing(supervised):
     deadline = time.monotonic() + 30
     while run.record().get("state") != "backoff" and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert run.record()["state"] == "backoff"
+    waiting = run.record()
+    assert waiting["state"] == "backoff"
+    # When the next start comes (verify's trainer_down finding says it): ~60 s from now.
+    until = datetime.fromisoformat(waiting["backoff_until"]).timestamp()
+    assert 30 < until - time.time() <= 60, waiting["backoff_until"]
     os.killpg(run.proc.pid, signal.SIGTERM)
     assert run.proc.wait(timeout=30) == 0
     record = run.record()

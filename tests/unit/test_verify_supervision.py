@@ -151,3 +151,28 @@ def test_verify_shows_the_cache_the_trainer_runs_on_and_the_caches_set_aside():
     plain = verify_summary(facts(running(1), supervisor()))
     assert plain["compile_cache"] is None
     assert not [x for x in verify_summary_lines(plain) if x.startswith("compile cache:")]
+
+
+def test_a_trainer_in_a_back_off_is_down_not_ok():
+    """Issue 51: a crash loop in progress (4 failures, down 2 min) and a restart back-off both
+    read `... now backoff ... OK: no drift`, exit 0. Down is a finding: since when, the last
+    error, how far into the restart budget, and when the next start comes."""
+    waiting = supervisor(
+        state="backoff", last_error="exit code 1: RuntimeError: boom",
+        restarts={"count": 4, "in_window": 4, "last_reason": "exit code 1", "last_at": at(120),
+                  "time_to_first_step_s": None},
+        backoff_until=at(-40),
+    )  # fmt: skip
+    [item] = dflash_findings(facts({**running(130), "state": "failed"}, waiting))
+    assert item["kind"] == "trainer_down"
+    assert item["found"] == (f"down since {at(120)} (120 s): exit code 1: RuntimeError: boom; "
+                             "restart 4 of 5 within 3600 s, the next start in 40 s")  # fmt: skip
+    assert "runs/r1/train.log" in item["hint"] and "crash_loop" in item["hint"]
+    # Back up and stepping: no finding, the restarts only in the summary line.
+    assert dflash_findings(facts(running(1), supervisor())) == []
+
+
+def test_a_back_off_whose_supervisor_died_is_not_running_not_down():
+    waiting = supervisor(state="backoff", backoff_until=at(-40))
+    kinds = [f["kind"] for f in dflash_findings(facts(None, waiting, processes=False))]
+    assert kinds == ["not_running"]
