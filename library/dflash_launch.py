@@ -295,6 +295,8 @@ def judge(params: dict, status: dict, run_id: str, log_path: str) -> float:
         raise LaunchError(
             f"{problem} after {status.get('step')} steps; see {log_path}",
             run_id=run_id, status=status, tokens_per_s=tokens_per_s,
+            # The figure the gate judged, for the failed line (history's one figure).
+            unstarved_tokens_per_s=float(unstarved) if unstarved else None,
         )  # fmt: skip
     return tokens_per_s
 

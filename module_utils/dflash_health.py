@@ -113,7 +113,7 @@ def throughput_problem(
     judged = unstarved or tokens_per_s
     if ratio and baseline and judged < ratio * baseline:
         measured = (
-            f" ({tokens_per_s:.1f} as measured: its wait for a CPU left out)"
+            f" with its wait for a CPU left out ({tokens_per_s:.1f} as measured)"
             if tokens_per_s < WAIT_NOISE * judged
             else ""
         )

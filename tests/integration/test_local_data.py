@@ -125,11 +125,13 @@ def test_data_from_jsonl_to_a_store_prepared_again_under_the_trainer(
     refused = playbook("rollback.yml")
     assert refused.rc != 0
     flat = " ".join(refused.output.split())
+    # The way out names a ref deploy.yml takes (the release's commit, not its release id).
+    [commit] = {e["commit"] for e in before if e.get("release") == "v1"}
     assert (
         f"which this rollback restores, trained on '{store}': no such file or folder on the "
-        "target now; nothing was changed. Put the data back there, or deploy that release "
-        "with dflash_data naming where the data are now (deploy.yml -e dflash_ref=v1 "
-        "-e dflash_data=PATH)"
+        "target now; nothing was changed. Put the data back there, or deploy that release's "
+        "commit with dflash_data naming where the data are now and the trainer flags it ran "
+        f"with (history.yml lists them): deploy.yml -e dflash_ref={commit} -e dflash_data=PATH."
     ) in flat, refused.output
     assert history(target_root) == before
     assert (target_root / "current").resolve().name == before[-1]["release"]

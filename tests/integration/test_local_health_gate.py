@@ -80,6 +80,9 @@ def test_slow_release_is_rolled_back_by_the_throughput_gate(
         "v2", "rolled_back", "v1"
     )  # fmt: skip
     assert failed["tokens_per_s"] <= SLOW_BOUND < 0.5 * REFERENCE
+    # The figure the gate judged (the wait for a CPU left out) is the line's too: history
+    # shows the one figure of this health check, as it does for a healthy one.
+    assert failed["unstarved_tokens_per_s"] >= failed["tokens_per_s"] > 0, failed
     assert "--sleep-per-step 2.0" in failed["run_sh_text"]
     assert "throughput gate" in failed["error"]
     assert (restored["action"], restored["release"], restored["result"]) == (

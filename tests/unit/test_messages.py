@@ -41,8 +41,8 @@ def test_the_gate_compares_the_figure_without_the_wait_for_a_cpu_and_the_floor_a
         "500.0 (dflash_min_throughput_ratio)"
     )
     assert throughput_problem(params, 200.0, 400.0) == (
-        "throughput gate: 400.0 tokens/s (200.0 as measured: its wait for a CPU left out) is "
-        "under 0.5 x 1000.0 tokens/s of the median of 3 = 500.0 (dflash_min_throughput_ratio)"
+        "throughput gate: 400.0 tokens/s with its wait for a CPU left out (200.0 as measured) "
+        "is under 0.5 x 1000.0 tokens/s of the median of 3 = 500.0 (dflash_min_throughput_ratio)"
     )
     # An older trainer gives no unstarved figure: judged as measured.
     assert throughput_problem(params, 330.0) is not None
