@@ -40,6 +40,7 @@ def supervision_view(facts: dict) -> dict | None:
         "policy": record.get("policy"),
         "updated_at": record.get("updated_at"),
         "backoff_until": record.get("backoff_until"),
+        "pid": record.get("pid"),
     }
 
 
@@ -97,6 +98,15 @@ def down_finding(view: dict, log: str, run_id: str | None, now: float) -> dict:
     )  # fmt: skip
 
 
+def unsupervised(view: dict | None, processes: list[dict]) -> list[int]:
+    """The pids of the run's trainers when its supervisor's process is no longer among them
+    (killed, or dead of its own error) while it says it supervises; [] otherwise."""
+    if not view or not view.get("pid") or view["state"] not in ("running", "backoff", "hung"):
+        return []
+    pids = [p["pid"] for p in processes]
+    return [] if not pids or view["pid"] in pids else sorted(pids)
+
+
 def supervision_findings(facts: dict, now: float | None = None) -> list[dict]:
     """`crash_loop`: the supervisor gave up (no trainer runs); `trainer_down`: it waits out a
     back-off before the next start; `hung`: the recorded trainer's process lives and its
@@ -130,6 +140,20 @@ def supervision_findings(facts: dict, now: float | None = None) -> list[dict]:
     # Only while the supervisor lives: a dead one starts nothing (not_running says so).
     if view and view["state"] == "backoff" and processes:
         out.append(down_finding(view, log, run_id, now))
+    gone = unsupervised(view, processes)
+    if gone:
+        out.append(
+            finding(
+                "supervisor_gone",
+                f"the trainer under its supervisor (pid {view['pid']})",
+                f"the supervisor (pid {view['pid']}) is gone and the trainer (pid "
+                f"{', '.join(map(str, gone))}) trains on without it: a crash or a hang is not "
+                "restarted, a stop does not reach it",
+                f"read {log} for how the supervisor ended; then, at a step that suits (the "
+                f"trainer checkpoints on SIGTERM), {restart_command(facts, restart=True)}",
+                run_id=run_id,
+            )
+        )
     ours = [p for p in processes if p.get("run_id") == run_id and p.get("status")]
     status = ours[0]["status"] if ours else {}
     idle = _age(status.get("last_step_at"), now)

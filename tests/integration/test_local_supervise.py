@@ -111,11 +111,16 @@ def test_crash_and_hang_come_back_by_themselves_and_stop_wins(
     assert len(restart_lines(target_root)) == 2
 
 
-def test_a_deploy_during_a_back_off_wins(deploy, target_root):
+def test_a_deploy_during_a_back_off_wins(deploy, playbook, target_root):
     assert deploy("v1", dflash_restart_policy={"backoff": 120}).rc == 0
     record = read_json(target_root / "trainer.json")
     os.kill(status_of(target_root)["pid"], signal.SIGKILL)
     wait_for("back-off", lambda: supervisor_of(target_root).get("state") == "backoff", 60)
+    # Down while the supervisor waits: verify says so (not OK), with when it comes back.
+    down = playbook("verify.yml")
+    assert down.rc != 0, down.output
+    [item] = [f for f in down.report["hosts"]["local"]["findings"] if f["kind"] == "trainer_down"]
+    assert "signal SIGKILL" in item["found"] and "the next start in" in item["found"], item
     # The deploy finds the trainer failed, stops its supervisor and starts a new run.
     run = deploy("v1", dflash_restart_policy={"backoff": 120})
     assert run.rc == 0, run.output
@@ -124,3 +129,33 @@ def test_a_deploy_during_a_back_off_wins(deploy, target_root):
     old = read_json(target_root / "runs" / record["run_id"] / "supervisor.json")
     assert old["state"] == "stopped" and old["restarts"]["count"] == 0
     assert restart_lines(target_root) == []
+
+
+def test_a_trainer_whose_supervisor_died_is_named_and_its_hint_puts_it_back(
+    deploy, playbook, target_root
+):
+    """The supervisor killed alone (as a full disk once killed it): its trainer trains on with
+    nothing to restart it. verify names it; the hint, run as printed, puts the run back."""
+    assert deploy("v1").rc == 0
+    record = read_json(target_root / "trainer.json")
+    trainer = status_of(target_root)["pid"]
+    assert trainer != record["pid"]  # run.sh's process is the supervisor; the trainer its child
+    os.kill(record["pid"], signal.SIGKILL)
+    wait_for("the supervisor's end", lambda: not alive(record["pid"]), 30)
+    assert alive(trainer)
+    found = playbook("verify.yml")
+    assert found.rc != 0, found.output
+    [item] = [f for f in found.report["hosts"]["local"]["findings"]
+              if f["kind"] == "supervisor_gone"]  # fmt: skip
+    assert (
+        f"the supervisor (pid {record['pid']}) is gone and the trainer (pid {trainer})"
+        in (item["found"])
+    )
+    hint = item["hint"].split(", ansible-playbook ", 1)[1]  # ansible-playbook rollback.yml ...
+    name, *args = hint.split()
+    extra = {k: {"true": True}.get(v, v) for k, v in (a.split("=", 1) for a in args if a != "-e")}
+    # (the playbook fixture stages by default; the user's inventory launches, as deploy did)
+    again = playbook(name, dflash_launch=True, **extra)
+    assert again.rc == 0, again.output
+    assert not alive(trainer), again.output
+    assert playbook("verify.yml").rc == 0

@@ -176,3 +176,18 @@ def test_a_back_off_whose_supervisor_died_is_not_running_not_down():
     waiting = supervisor(state="backoff", backoff_until=at(-40))
     kinds = [f["kind"] for f in dflash_findings(facts(None, waiting, processes=False))]
     assert kinds == ["not_running"]
+
+
+def test_a_trainer_whose_supervisor_died_is_named_unsupervised():
+    """Issue 51: the supervisor died of a full disk, its trainer trained on with ppid 1, and
+    verify said nothing of it. Its pid is in supervisor.json; gone from the root's processes
+    while it says it supervises, that is a finding."""
+    found = facts(running(1), supervisor(pid=99))  # the root's one process is the trainer, 100
+    [item] = dflash_findings(found)
+    assert item["kind"] == "supervisor_gone"
+    assert item["found"].startswith("the supervisor (pid 99) is gone and the trainer (pid 100)")
+    assert "runs/r1/train.log" in item["hint"] and "dflash_restart=true" in item["hint"]
+    # Alive among the root's processes, stopped on purpose, or an old record without a pid.
+    assert dflash_findings(facts(running(1), supervisor(pid=100))) == []
+    assert dflash_findings(facts(running(1), supervisor(pid=99, state="stopped"))) == []
+    assert dflash_findings(facts(running(1), supervisor())) == []

@@ -85,7 +85,8 @@ prom_path:
 # Every finding kind (docs/verify.md): each is a series, 0 when absent, so an alert
 # on one kind needs no `absent()`.
 KINDS = ("code", "release", "stale_process", "duplicate_trainer", "not_running",
-         "heartbeat_stale", "hung", "trainer_down", "crash_loop", "environment", "run_script",
+         "heartbeat_stale", "hung", "trainer_down", "supervisor_gone", "crash_loop",
+         "environment", "run_script",
          "cache", "throughput", "gpu", "data", "history", "trainer_record", "checkpoint",
          "disk")  # fmt: skip
 # The causes of lost time that supervisor.json's goodput names (dflash/goodput.py CAUSES).
