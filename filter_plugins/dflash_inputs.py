@@ -242,16 +242,16 @@ def dflash_run_spec(data: dict) -> dict:
     return spec
 
 
-def env_name(lock: object) -> str:
-    """envs/<lock id> of a lock, for a task's name; a deployment that recorded no lock (an old
-    or torn history line) has none, and the name must still render."""
-    return lock_id(lock) if isinstance(lock, dict) else "(no lock recorded)"
-
-
 def env_lock_id(lock: object) -> str:
     """The env folder name of a lock; "" where there is no lock (a rollback to a deployment
     whose history line recorded none compares it with preflight's read and finds no env)."""
     return lock_id(lock) if isinstance(lock, dict) else ""
+
+
+def env_name(lock: object) -> str:
+    """envs/<lock id> of a lock, for a task's name; a deployment that recorded no lock (an old
+    or torn history line) has none, and the name must still render."""
+    return env_lock_id(lock) or "(no lock recorded)"
 
 
 class FilterModule:

@@ -218,22 +218,26 @@ def _plot_host(ax: Any, model: dict, label: str | None, color: str | None) -> No
 LABEL_SHIFTS = (0, 10, -10, 20, -20, 30, -30, 40, -40, 50)
 
 
-def label_boxes(figure: Any, ax: Any) -> list[Any]:
-    """The drawn extent of each point label of `ax` (laid out as the page will be)."""
+def _laid_out(figure: Any) -> Any:
+    """The renderer of `figure`, laid out as the page will be (its text extents are final)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     if not hasattr(figure.canvas, "get_renderer"):
         FigureCanvasAgg(figure)
     figure.draw_without_rendering()
-    renderer = figure.canvas.get_renderer()
+    return figure.canvas.get_renderer()
+
+
+def label_boxes(figure: Any, ax: Any) -> list[Any]:
+    """The drawn extent of each point label of `ax`."""
+    renderer = _laid_out(figure)
     return [text.get_window_extent(renderer) for text in ax.texts]
 
 
 def spread_labels(figure: Any, ax: Any) -> None:
     """Move each point label (in time order) up or down until it overlaps none placed before
     it: deployments close in time and speed would print their labels over each other."""
-    label_boxes(figure, ax)  # lays the figure out once
-    renderer = figure.canvas.get_renderer()
+    renderer = _laid_out(figure)
     placed: list[Any] = []
     for text in sorted(ax.texts, key=lambda t: t.xy[0]):
         x, y = text.xyann

@@ -61,12 +61,17 @@ class Watchdog:
                 )
         return ""
 
+    def _look(self) -> bool:
+        """Look once; True (and `lost` set, with the reason) when the play is gone."""
+        reason = self._play_gone()
+        if reason:
+            self.reason = reason
+            self.lost.set()
+        return bool(reason)
+
     def _watch(self) -> None:
         while not self._stop.wait(self.interval_s):
-            reason = self._play_gone()
-            if reason:
-                self.reason = reason
-                self.lost.set()
+            if self._look():
                 return
 
     def check(self) -> None:
@@ -77,12 +82,6 @@ class Watchdog:
     def check_now(self, before: str) -> None:
         """Look now, before a change (`before`: what it is): an orphan of a dead play must not
         stop, start or record anything, even in the seconds between two of its looks."""
-        if not self.token:
+        if not self.token or not (self.lost.is_set() or self._look()):
             return
-        if not self.lost.is_set():
-            reason = self._play_gone()
-            if not reason:
-                return
-            self.reason = reason
-            self.lost.set()
         raise LockError(f"{self.reason}; not going on to {before}: nothing more is changed")
