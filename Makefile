@@ -1,31 +1,50 @@
 # Two commands do all the set-up (README "Quick start"):
 #   make demo   deploy to the embedded local target (a CPU trainer), then verify it
 #   make test   lint everything and run the test suite (what CI runs)
+#   make lock   resolve pyproject.toml again into requirements.lock (what make venv installs)
 # For the inner loop: make test-quick (lint, the unit tests and the trainer's quick tests).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
-# The venv is rebuilt when pyproject.toml changes.
-STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+# The controller's own packages, every version and hash, resolved from pyproject.toml by
+# `make lock` (docs/development.md, "The controller's lock").
+LOCK := requirements.lock
+UV_VERSION := 0.13.9
+# The venv is rebuilt when pyproject.toml or the lock changes.
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | sha256sum | cut -c1-16)
 # The venv's ansible-playbook and the controller Python it reports come first on PATH.
 export PATH := $(BIN):$(PATH)
 PLAYBOOKS := $(wildcard *.yml) $(wildcard playbooks/*.yml)
+# torch's CPU build is not on PyPI: uv looks where pip is told to look for wheels (PIP_FIND_LINKS
+# or pip.conf's find-links) and in UV_FIND_LINKS (e.g. https://download.pytorch.org/whl/cpu/torch/).
+PIP_WHEEL_DIRS := $(strip $(PIP_FIND_LINKS) $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+FIND_LINKS := $(foreach dir,$(sort $(PIP_WHEEL_DIRS)),--find-links $(dir))
 
-.PHONY: venv demo test test-quick lint clean-sandbox
+.PHONY: venv lock demo test test-quick lint clean-sandbox
 
 venv: $(STAMP)
 
 # make expands a recipe before it runs its first line: NOW is the time the recipe started.
 NOW = $(shell date +%s)
 
-$(STAMP): pyproject.toml
-	@echo "==> creating $(VENV): torch (CPU), transformers, ansible, ... (a few minutes; 159 s on 2 cores)"
+$(STAMP): pyproject.toml $(LOCK)
+	@echo "==> creating $(VENV) from $(LOCK) with uv: torch (CPU), transformers, ansible, ..."
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[trainer,dev]'
+	$(BIN)/pip install -q uv==$(UV_VERSION)
+	$(BIN)/uv pip install -q --python $(BIN)/python --require-hashes $(FIND_LINKS) -r $(LOCK)
+	@# The checkout itself, editable and with no dependencies of its own: module_utils/ on sys.path.
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
 	touch $@
 	@echo "==> $(VENV) ready in $$(( $$(date +%s) - $(NOW) )) s"
+
+# Resolve pyproject.toml again, on purpose: every version and hash, for CPython 3.11 on x86_64
+# Linux (the machines this is built and tested on). Review the diff, then `make venv`.
+lock:
+	$(PYTHON) -m pip install -q --target .build/uv uv==$(UV_VERSION)
+	.build/uv/bin/uv pip compile pyproject.toml --extra trainer --extra dev \
+		--generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+		$(FIND_LINKS) --custom-compile-command "make lock" -o $(LOCK)
 
 demo: venv
 	ansible-playbook playbooks/wheelhouse.yml
