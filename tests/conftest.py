@@ -79,9 +79,10 @@ def target_root(tmp_path: Path) -> Path:
 # (pytest_collection_modifyitems holds both ways). See pytest_xdist_make_scheduler.
 BED_TESTS = "tests/proxmox/"
 BED_FIXTURE = "proxmox_testbed"
-# Folders of many short tests that share module-scoped fixtures (a warmed compile cache, a
-# trained checkpoint): a module goes to one worker, so each such fixture is made once.
-WHOLE_MODULES = ("tests/unit/", "tests/trainer/")
+# Modules of many short tests that share module-scoped fixtures (a warmed compile cache, a
+# trained checkpoint, the bad-input cases' deployed target): a module goes to one worker, so
+# each such fixture is made once.
+WHOLE_MODULES = ("tests/unit/", "tests/trainer/", "tests/integration/test_local_bad_input.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -104,7 +105,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """Under pytest-xdist (`make test` runs three workers) every test on the loopback test bed
     goes to one worker, so one bed comes up; xdist hands out the largest group first, so the
-    bed's (the longest) does not start last. The unit and trainer tests go a module at a time
+    bed's (the longest) does not start last. The modules of WHOLE_MODULES go whole
     (their module-scoped fixtures are made once); the other tests one at a time, to spread the
     long ones. (Scoped by path here: xdist's own `xdist_group` mark is lost under pytest 9,
     which no longer reads the node id that xdist 3.8 rewrites.)"""
