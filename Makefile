@@ -32,7 +32,10 @@ $(STAMP): pyproject.toml $(LOCK)
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q uv==$(UV_VERSION)
-	$(BIN)/uv pip install -q --python $(BIN)/python --require-hashes $(FIND_LINKS) -r $(LOCK)
+	@# Bytecode compiled at install, as pip does: uv leaves it to the first import, and where
+	@# PYTHONDONTWRITEBYTECODE is set that is every import of every run.
+	$(BIN)/uv pip install -q --python $(BIN)/python --require-hashes --compile-bytecode \
+		$(FIND_LINKS) -r $(LOCK)
 	@# The checkout itself, editable and with no dependencies of its own: module_utils/ on sys.path.
 	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
 	touch $@

@@ -76,3 +76,18 @@ def test_the_venv_holds_exactly_the_locked_versions():
         if installed != version:
             drift.append(f"{name}: locked {version}, installed {installed}")
     assert not drift, f"the venv is not the lock's (run `make venv`): {drift}"
+
+
+@pytest.mark.skipif(
+    Path(sys.prefix).resolve() != (REPO / ".venv").resolve(),
+    reason="runs in the venv `make venv` built (.venv), which this interpreter is not",
+)
+def test_the_venv_carries_its_bytecode():
+    """uv compiles nothing unless told: every playbook run would compile ansible-core anew
+    where PYTHONDONTWRITEBYTECODE is set (as on this project's machines)."""
+    import ansible
+
+    package = Path(ansible.__file__).parent
+    sources = {p.stem for p in package.glob("*.py")}
+    compiled = {p.name.split(".")[0] for p in (package / "__pycache__").glob("*.pyc")}
+    assert sources <= compiled, f"no bytecode in {package} for {sorted(sources - compiled)}"
