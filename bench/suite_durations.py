@@ -4,8 +4,10 @@
     python bench/suite_durations.py suite.xml suite.log [--top 25]
 
 Prints, as Markdown (docs/development.md keeps one before and after a change): the totals (tests,
-passed, failed, skipped, worker-seconds), the seconds of each test file (setup + call + teardown,
-summed over its tests), the slowest tests, and the slowest set-ups. A session fixture's set-up
+passed, failed, skipped, worker-seconds, CPU-s), the seconds and CPU-s of each test file (setup +
+call + teardown, summed over its tests; the CPU-s are the `cpu_s` property tests/conftest.py
+writes: the pytest worker and the playbooks and modules it waited for, not a launched trainer),
+the slowest tests, and the slowest set-ups. A session fixture's set-up
 is charged to the first test that asked for it, so a large set-up line names the fixture's cost.
 """
 
@@ -43,6 +45,28 @@ def outcomes(junit: Path) -> dict[str, str]:
     return {test: {"failure": "failed"}.get(kind, kind) for test, kind in found.items()}
 
 
+def junit_seconds(junit: Path) -> dict[str, float]:
+    """{test id: seconds, set-up to teardown} from the JUnit report (its `time`)."""
+    return {
+        f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}": float(
+            case.get("time", 0)
+        )
+        for case in ElementTree.parse(junit).getroot().iter("testcase")
+    }
+
+
+def cpu_seconds(junit: Path) -> dict[str, float]:
+    """{test id: CPU-s} from the `cpu_s` property of each test case (absent: 0)."""
+    found = {}
+    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+        test = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        found[test] = sum(
+            float(prop.get("value", 0)) for prop in case.iter("property")
+            if prop.get("name") == "cpu_s"
+        )  # fmt: skip
+    return found
+
+
 def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -51,28 +75,42 @@ def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
 
 def report(junit: Path, log: Path, top: int) -> str:
     times = phases(log.read_text())
+    # A test under --durations=N's cut: its whole time from the JUnit report, as `call`.
+    for test, seconds in junit_seconds(junit).items():
+        times.setdefault(test, {"call": seconds})
     results = outcomes(junit)
+    cpu = cpu_seconds(junit)
     counts: dict[str, int] = defaultdict(int)
     for kind in results.values():
         counts[kind] += 1
     total = sum(sum(p.values()) for p in times.values())
     wall = WALL.findall(log.read_text())
     by_file: dict[str, float] = defaultdict(float)
+    cpu_by_file: dict[str, float] = defaultdict(float)
     tests_in_file: dict[str, int] = defaultdict(int)
     for test, phase in times.items():
         by_file[test.split("::")[0]] += sum(phase.values())
         tests_in_file[test.split("::")[0]] += 1
+    for test, seconds in cpu.items():
+        cpu_by_file[test.split("::")[0]] += seconds
     out = [
         f"{len(results)} tests: {counts['passed']} passed, {counts['failed']} failed, "
-        f"{counts['error']} errors, {counts['skipped']} skipped; {total:.0f} worker-seconds"
+        f"{counts['error']} errors, {counts['skipped']} skipped; {total:.0f} worker-seconds, "
+        f"{sum(cpu.values()):.0f} CPU-s in pytest and what it waited for"
         + (f", {float(wall[-1]):.0f} s wall" if wall else ""),
         "",
         table(
             [
-                (name, str(tests_in_file[name]), f"{seconds:.0f}", f"{100 * seconds / total:.1f}%")
+                (
+                    name,
+                    str(tests_in_file[name]),
+                    f"{seconds:.0f}",
+                    f"{100 * seconds / total:.1f}%",
+                    f"{cpu_by_file[name]:.0f}",
+                )
                 for name, seconds in sorted(by_file.items(), key=lambda kv: -kv[1])[:top]
             ],
-            ("file", "tests", "seconds", "share"),
+            ("file", "tests", "seconds", "share", "CPU-s"),
         ),
         "",
         table(

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from dflash.checkpoint_names import checkpoint_path, steps
+
 FORMAT = 1
-_NAME = re.compile(r"^step-(\d{8,})\.pt$")
 _TEMP = re.compile(r"^\.step-\d{8,}\.pt\.(\d+)\.tmp$")  # save()'s temp name, with the writer's pid
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -24,10 +25,6 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 class CheckpointWriteError(OSError):
     """A checkpoint not written because its file system is full or over quota (errno ENOSPC or
     EDQUOT; filename: the checkpoint it would have been): the trainer trains on."""
-
-
-def checkpoint_path(folder: Path, step: int) -> Path:
-    return folder / f"step-{step:08d}.pt"
 
 
 def save(folder: Path, step: int, payload: dict[str, Any]) -> Path:
@@ -102,19 +99,6 @@ def _runs(pid: int) -> bool:
     return True
 
 
-def _steps(folder: Path) -> list[tuple[int, Path]]:
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
-    return sorted(found, reverse=True)
-
-
-def newest_step(folder: Path) -> int | None:
-    """The step of the newest checkpoint file in `folder` (not loaded), or None."""
-    found = _steps(folder)
-    return found[0][0] if found else None
-
-
 def load_latest(
     folder: Path,
     warn: Callable[[str], None],
@@ -131,7 +115,7 @@ def load_latest(
         if skipped is not None:
             skipped.append({"path": str(path), "step": step, "error": error})
 
-    for step, path in _steps(folder):
+    for step, path in steps(folder):
         try:
             payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
         except Exception as exc:  # a truncated zip fails in several ways
@@ -149,5 +133,5 @@ def load_latest(
 def prune(folder: Path, keep: int) -> None:
     """Keep the newest `keep` checkpoints (0 keeps all)."""
     if keep > 0:
-        for _, path in _steps(folder)[keep:]:
+        for _, path in steps(folder)[keep:]:
             path.unlink(missing_ok=True)

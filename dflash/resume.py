@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from dflash import checkpoint
+from dflash.checkpoint_names import newest_step
 from dflash.cluster import Cluster
 from dflash.config import TrainConfig
 from dflash.errors import ConfigError
@@ -171,7 +172,7 @@ def checkpoint_holder(cluster: Cluster, folder: Path) -> int:
     layout = cluster.layout
     if layout.nnodes == 1:
         return layout.lead
-    steps = cluster.gather(checkpoint.newest_step(folder) if layout.reports(cluster.rank) else None)
+    steps = cluster.gather(newest_step(folder) if layout.reports(cluster.rank) else None)
     found = [(step, -rank) for rank, step in enumerate(steps) if step is not None]
     return -max(found)[1] if found else layout.lead
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash.goodput import epoch
+from dflash.restart_facts import checkpoint_dir, release_name
 from dflash.stopflag import StopFlag
 from dflash.supervision import CANARY_FAILED, Policy, RunRecord, log, move_aside, read_status
 
@@ -277,7 +278,10 @@ class Supervisor:
 
 def main(argv: Sequence[str] | None = None) -> int:
     policy, root, run_id, command = parse(sys.argv[1:] if argv is None else argv)
-    return Supervisor(policy, RunRecord(policy, root, run_id), command).run()
+    record = RunRecord(
+        policy, root, run_id, checkpoints=checkpoint_dir(command), release=release_name()
+    )
+    return Supervisor(policy, record, command).run()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from dflash.checkpoint_names import newest_step
 from dflash.goodput import epoch, goodput
+from dflash.restart_facts import last_error, log_size
 
 SUPERVISOR_FILE = "supervisor.json"
 HISTORY_FILE = "history.jsonl"
@@ -129,12 +131,23 @@ def how_ended(code: int) -> str:
 class RunRecord:
     """What happened to one run: its attempts and restarts, kept in supervisor.json."""
 
-    def __init__(self, policy: Policy, root: Path, run_id: str) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        root: Path,
+        run_id: str,
+        checkpoints: Path | None = None,
+        release: str | None = None,
+    ) -> None:
         self.policy = policy
         self.root = root
         self.run_id = run_id
+        # Read when a restart is recorded: the trainer that ended may not have said them.
+        self.checkpoints = checkpoints
+        self.release = release
         self.run_dir = root / "runs" / run_id
         self.status_path = self.run_dir / "status.json"
+        self.log_path = self.run_dir / "train.log"
         self.state_path = self.run_dir / SUPERVISOR_FILE
         self.started = time.time()
         self.attempts: list[dict[str, Any]] = []
@@ -146,7 +159,9 @@ class RunRecord:
 
     def begin(self) -> dict[str, Any]:
         """A new attempt (a start of the trainer)."""
-        self.attempts.append({"attempt": len(self.attempts), "started": time.time()})
+        # Where its output starts in train.log: an error found later is its own.
+        at = log_size(self.log_path)
+        self.attempts.append({"attempt": len(self.attempts), "started": time.time(), "log_at": at})
         self.state = "running"
         return self.attempts[-1]
 
@@ -184,7 +199,8 @@ class RunRecord:
         sees no trainer that trains."""
         status = read_status(self.status_path)
         if status.get("attempt", 0) != attempt["attempt"]:  # none of its own: a new one
-            status = {"run_id": self.run_id, "attempt": attempt["attempt"], "step": 0}
+            status = {"run_id": self.run_id, "attempt": attempt["attempt"], "step": 0,
+                      "release": self.release}  # fmt: skip
         elif status.get("state") == "failed":  # it said so itself, with its own error
             return
         status.update(state="failed", exit_code=code, error=f"{how} (written by the supervisor)")
@@ -237,7 +253,7 @@ class RunRecord:
             "time": utc_text(time.time()),
             "action": "restart",
             "result": result,
-            "release": status.get("release"),
+            "release": status.get("release") or self.release,
             "tree_sha256": status.get("code_tree_sha256"),
             "run_id": self.run_id,
             **{k: restart.get(k) for k in RESTART_FIELDS},
@@ -251,27 +267,32 @@ class RunRecord:
     def note_restart(self, code: int, reason: str) -> dict[str, Any]:
         ended = self.attempts[-1]
         why = "hung" if reason == "hung" else how_ended(code)
+        # The newest checkpoint as it is on disk now: the one the next attempt resumes from.
+        on_disk = newest_step(self.checkpoints) if self.checkpoints else None
+        saved = max(ended.get("checkpoint_step") or 0, on_disk or 0)
+        step = max(ended.get("step") or 0, saved)
+        error = ended.get("error") or last_error(self.log_path, ended.get("log_at", 0))
         restart = {
             "attempt": len(self.attempts),  # the attempt this restart begins
             "reason": why,
             "exit": code,
-            "step": ended.get("step") or 0,
-            "checkpoint_step": ended.get("checkpoint_step") or 0,
-            "steps_lost": max(0, (ended.get("step") or 0) - (ended.get("checkpoint_step") or 0)),
-            "error": ended.get("error"),
+            "step": step,
+            "checkpoint_step": saved,
+            "steps_lost": step - saved,
+            "error": error,
             "ended_at": ended["ended"],
             "started": time.time(),
         }
         self.restarts.append(restart)
         restart["restarts_in_window"] = self.recent_restarts()
-        self.last_error = f"{why}" + (f": {ended['error']}" if ended.get("error") else "")
+        self.last_error = f"{why}" + (f": {error}" if error else "")
         return restart
 
     # -- the loop -------------------------------------------------------------------------
     @staticmethod
     def attempt_record(attempt: dict[str, Any]) -> dict[str, Any]:
         """An attempt as supervisor.json shows it: times as text, not epoch seconds."""
-        out = {k: v for k, v in attempt.items() if k not in ("started", "ended")}
+        out = {k: v for k, v in attempt.items() if k not in ("started", "ended", "log_at")}
         out["started_at"] = utc_text(attempt["started"])
         out["ended_at"] = utc_text(attempt["ended"]) if "ended" in attempt else None
         return out

@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import json
 import os
+import resource
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +33,37 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     with contextlib.suppress(ImportError):
         import torch._dynamo  # noqa: F401
+
+
+CPU_AT_SETUP = pytest.StashKey[float]()
+
+
+def _cpu_seconds() -> float:
+    """CPU-s of this pytest process and of the processes it has waited for (the playbooks and
+    the modules they ran; not a launched trainer, which its supervisor waits for)."""
+    return sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in (resource.getrusage(resource.RUSAGE_SELF),
+                      resource.getrusage(resource.RUSAGE_CHILDREN))
+    )  # fmt: skip
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[CPU_AT_SETUP] = _cpu_seconds()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """Each test's CPU-s (set-up to teardown) in the JUnit report, as the property `cpu_s`
+    (bench/suite_durations.py adds them up by file): what a test costs on a loaded machine,
+    where its seconds mostly say what else ran beside it."""
+    try:
+        return (yield)
+    finally:
+        if CPU_AT_SETUP in item.stash:
+            spent = _cpu_seconds() - item.stash[CPU_AT_SETUP]
+            item.user_properties.append(("cpu_s", f"{spent:.2f}"))
 
 
 @pytest.fixture(autouse=True)

@@ -14,9 +14,10 @@ from tests.helpers import REPO, build_wheel
 # A test's trainer keeps training in the background while the test goes on (verify, more
 # deploys), and on a 2-core machine one trainer training flat out takes a core from the other
 # pytest worker. So it trains the smallest step (2 drafter layers, 128 tokens: ~0.06 CPU-s,
-# against 0.6 s at the defaults) and sleeps after each (IDLE_STEP_S): ~10% of a core. Tests
-# that judge speed set their own sleep.
-IDLE_STEP_S = 0.5
+# against 0.6 s at the defaults) and sleeps after each (IDLE_STEP_S): ~6% of a core (11% with
+# 0.5 s, and a test's trainer idles through most of its test). Tests that judge speed set
+# their own sleep.
+IDLE_STEP_S = 1.0
 # 16 self-generated samples (1 024 tokens): each start generates them anew. No periodic
 # checkpoint unless a test asks for one (a stop still writes one): a checkpoint landing in the
 # middle of a test's own steps is a second thing happening at once.

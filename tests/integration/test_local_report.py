@@ -25,8 +25,8 @@ def test_a_local_run_with_a_drop_reads_in_a_browser(deploy, trainer_repo, playbo
     out = tmp_path / "reports"
     runs = [deploy("v1", dflash_trainer_args=ARGS)]
     add_release(trainer_repo, "v2", "dflash/__init__.py", "# v2: a slower release\n")
-    # 8 s a step instead of v1's 0.5 s (IDLE_STEP_S): at most 16 tokens/s (128 a step), under
-    # half of v1's unless v1's own steps took over 7 s (a step of TRAINER_ARGS takes ~0.06 s),
+    # 8 s a step instead of v1's 1 s (IDLE_STEP_S): at most 16 tokens/s (128 a step), under
+    # half of v1's unless v1's own steps took over 6 s (a step of TRAINER_ARGS takes ~0.06 s),
     # so a drop whatever the band.
     runs.append(deploy("v2", dflash_trainer_args={**ARGS, "sleep_per_step": 8.0}))
     add_release(trainer_repo, "v3", "dflash/__init__.py", "# v3: fast again\n")

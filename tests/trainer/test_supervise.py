@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dflash.checkpoint_names import newest_step
 from dflash.goodput import attempt_buckets, goodput
 from dflash.supervision import Policy, RunRecord
 
@@ -25,13 +26,15 @@ RUN_ID = "run-1"
 class Supervised:
     """The supervisor as run.sh starts it: its own session, output into the run's train.log."""
 
-    def __init__(self, root: Path, policy: list[str], trainer: list[str]) -> None:
+    def __init__(
+        self, root: Path, policy: list[str], trainer: list[str], wrap: list[str] = ()
+    ) -> None:
         self.root = root
         self.run_dir = root / "runs" / RUN_ID
         self.run_dir.mkdir(parents=True)
         files = ["--checkpoint-dir", str(root / "checkpoints"), "--run-id", RUN_ID,
                  "--status-file", str(self.run_dir / "status.json")]  # fmt: skip
-        trainer_command = [sys.executable, "-m", "dflash.train", *trainer, *files]
+        trainer_command = [*wrap, sys.executable, "-m", "dflash.train", *trainer, *files]
         command = [sys.executable, "-m", "dflash.supervise", "--root", str(root), "--run-id",
                    RUN_ID, *policy, "--", *trainer_command]  # fmt: skip
         self.log = (self.run_dir / "train.log").open("wb")
@@ -68,8 +71,8 @@ TRAINER = [*FAST, "--max-steps", "100000", "--checkpoint-every", "5", "--status-
 def supervised(tmp_path):
     started: list[Supervised] = []
 
-    def start(policy: str, trainer: list[str] = TRAINER) -> Supervised:
-        started.append(Supervised(tmp_path / f"root{len(started)}", argv(policy), trainer))
+    def start(policy: str, trainer: list[str] = TRAINER, wrap: list[str] = ()) -> Supervised:
+        started.append(Supervised(tmp_path / f"root{len(started)}", argv(policy), trainer, wrap))
         return started[-1]
 
     yield start
@@ -159,6 +162,42 @@ def test_a_trainer_failing_at_every_start_ends_in_a_crash_loop(supervised):
     assert "crash loop: the trainer ended (exit code 2: " in run.text()
     # The waits doubled: 1 s, then 2 s, all of it down time.
     assert record["goodput"]["badput_s"]["down"] >= 3 and record["goodput"]["productive_s"] == 0
+
+
+def test_restart_lines_name_the_checkpoint_on_disk_the_error_and_the_release(supervised, tmp_path):
+    """A trainer that checkpointed, was killed, and then fails at every start before it writes
+    its status.json (as on a store truncated under it): every restart line names the newest
+    checkpoint on disk (not the failed start's none), the error the start printed, and the
+    release, and the supervisor's log line says the same checkpoint."""
+    broken = tmp_path / "broken"
+    fail = f"raise ValueError('the store {broken} is truncated')"
+    script = f'if [ -e "{broken}" ]; then exec "{sys.executable}" -c "{fail}"; fi; exec "$@"'
+    run = supervised(
+        "--max-restarts 2 --backoff 1 --backoff-max 60 --hang-after 600",
+        wrap=["sh", "-c", script, "trainer"],
+    )
+    first = run.status(running_past(6, 0))
+    checkpoints = run.root / "checkpoints"
+    deadline = time.monotonic() + 60
+    while (newest_step(checkpoints) or 0) < 5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    broken.touch()
+    os.kill(first["pid"], signal.SIGKILL)
+    assert run.proc.wait(timeout=300) != 0
+    saved = newest_step(checkpoints)
+    assert saved is not None and saved >= 5
+    lines = run.history()
+    assert [(line["result"], line["reason"]) for line in lines] == [
+        ("failed", "signal SIGKILL"), ("failed", "exit code 1"), ("crash_loop", "exit code 1"),
+    ]  # fmt: skip
+    assert [line["checkpoint_step"] for line in lines] == [saved] * 3, lines
+    assert lines[0]["steps_lost"] == lines[0]["step"] - saved >= 0
+    assert [line["steps_lost"] for line in lines[1:]] == [0, 0]
+    error = f"ValueError: the store {broken} is truncated"
+    assert [line["error"] for line in lines] == [None, error, error]
+    assert [line["release"] for line in lines] == ["unreleased"] * 3
+    assert f"its last checkpoint at step {saved}" in run.text()
+    assert run.record()["last_error"] == f"exit code 1: {error}"
 
 
 def test_a_stop_during_the_back_off_starts_nothing(supervised):
