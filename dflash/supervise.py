@@ -44,6 +44,9 @@ DUMP_WAIT_S = 3.0  # time the stacks get to reach the log before the kill
 POLL_S = 0.5
 SAVE_EVERY_S = 2.0
 FULL_DISK_BYTES = 1 << 20  # less free than this: status.json may fail to be written
+# A poll this late means the supervisor itself did not run (its container frozen or suspended
+# with the trainer): the trainer's silence over that gap is no hang.
+FROZEN_AFTER_S = 10 * POLL_S
 
 
 def hang_after(text: str) -> float | None:
@@ -113,6 +116,7 @@ class Supervisor:
         self.stop = StopFlag()  # set by a signal handler: no lock (dflash/stopflag.py)
         self.stop_reason = ""
         self.full_disk_at = 0.0  # when the run folder's disk was last seen full
+        self.thawed_at = 0.0  # when the supervisor last found it had been frozen
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_stop)
 
@@ -146,7 +150,7 @@ class Supervisor:
         self.note_full_disk()
         # A full disk stops status.json, not the trainer (dflash/status.py): the steps it
         # cannot report are no sign of a hang, so idle time counts from when it had room.
-        last = max(epoch(status.get("last_step_at")) or 0.0, self.full_disk_at)
+        last = max(epoch(status.get("last_step_at")) or 0.0, self.full_disk_at, self.thawed_at)
         idle = time.time() - last if last else 0.0
         return idle if idle > self.policy.hang_limit(status) else None
 
@@ -161,6 +165,17 @@ class Supervisor:
             log(f"the disk of {self.record.run_dir} is full: status.json cannot be written, so "
                 "the trainer is not judged hung until it has room again")  # fmt: skip
         self.full_disk_at = time.time()
+
+    def note_gap(self, polled: float) -> float:
+        """The time now; a gap since the last poll (`polled`) past FROZEN_AFTER_S is a freeze
+        of the supervisor itself, from which the trainer's idle time counts anew."""
+        now = time.time()
+        if now - polled > FROZEN_AFTER_S:
+            gap = now - polled
+            log(f"the supervisor did not run for {gap:.0f} s (its container frozen or suspended?):"
+                " the trainer's idle time counts from now, that gap is no hang")  # fmt: skip
+            self.thawed_at = now
+        return now
 
     def kill_hung(self, proc: subprocess.Popen[bytes], idle: float, status: dict[str, Any]) -> None:
         tree = [proc.pid, *descendants(proc.pid)]
@@ -182,12 +197,14 @@ class Supervisor:
         """Wait for this attempt to end: (exit code, `crash`|`hung`|`stopped`|`finished`)."""
         reason = None
         last_save = 0.0
+        polled = time.time()
         while True:
             try:
                 code = proc.wait(timeout=POLL_S)
                 break
             except subprocess.TimeoutExpired:
                 pass
+            polled = self.note_gap(polled)
             if reason == "hung":  # what it did past the hang (once continued) does not count
                 continue
             status = read_status(self.record.status_path)

@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -69,8 +70,22 @@ def append_line(path: Path, data: bytes) -> None:
             raise
 
 
+_LINE_CUT = False  # the last line was cut short (disk full): the next one starts on its own
+
+
 def log(message: str) -> None:
-    print(f"{utc_text(time.time())} supervisor: {message}", flush=True)
+    """One line of the supervisor's own in train.log (its stdout). A full disk may refuse the
+    line or take only part of it: the line is lost, never the supervision (it wrote straight to
+    the file descriptor, so nothing stays in a buffer to fail again at the next line or exit)."""
+    global _LINE_CUT
+    data = f"{utc_text(time.time())} supervisor: {message}\n".encode(errors="replace")
+    if _LINE_CUT:
+        data = b"\n" + data
+    try:
+        written = os.write(sys.stdout.fileno(), data)
+    except (OSError, ValueError):  # ENOSPC, EDQUOT, EIO, a closed stdout
+        written = 0
+    _LINE_CUT = 0 < written < len(data)
 
 
 @dataclass(frozen=True)
@@ -105,6 +120,7 @@ def write_atomic(path: Path, data: dict[str, Any]) -> None:
         temp.write_text(json.dumps(data, indent=2) + "\n")
         os.replace(temp, path)
     except OSError as exc:  # a full disk must not end the supervision of a running trainer
+        temp.unlink(missing_ok=True)
         log(f"cannot write {path}: {exc}")
 
 

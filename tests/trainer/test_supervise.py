@@ -200,6 +200,88 @@ def test_restart_lines_name_the_checkpoint_on_disk_the_error_and_the_release(sup
     assert run.record()["last_error"] == f"exit code 1: {error}"
 
 
+def children_of(pid: int) -> set[int]:
+    found = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(name))
+    return found
+
+
+def fill(disk: Path, log_fd: int) -> Path:
+    """Write zeros to `disk` until it has no room left, then newlines to the trainer's log
+    through its own open file (its offset, which the supervisor and trainer share) until its
+    last page is full too: a file system gives a file's last page out byte by byte. The file
+    that holds the zeros."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    for out, chunk in ((fd, b"\0" * (1 << 16)), (log_fd, b"\n")):
+        try:
+            while os.write(out, chunk):
+                pass
+        except OSError:
+            pass  # ENOSPC: full
+    os.close(fd)
+    return filler
+
+
+def test_a_full_disk_does_not_end_the_supervisor(tmpfs, tmp_path):
+    """train.log, supervisor.json and the checkpoints on a disk filled to the last byte: the
+    trainer killed then has its end, its restart and their log lines refused by the disk; the
+    supervisor loses the lines, not its life, and restarts the trainer, which runs once there is
+    room again. (It died on its own log line: the trainer ran on unsupervised.)"""
+    disk = tmpfs("64m")
+    run = Supervised(disk / "root", argv("--backoff 1 --max-restarts 20 --hang-after 600"), TRAINER)
+    try:
+        first = run.status(running_past(3, 0))
+        # Stopped first: a checkpoint save that meets the full disk frees its temp file.
+        os.kill(first["pid"], signal.SIGSTOP)
+        filler = fill(disk, run.log.fileno())
+        os.kill(first["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not children_of(run.proc.pid) - {first["pid"]}:
+            assert run.proc.poll() is None, "the supervisor died on the full disk"
+            time.sleep(0.1)
+        assert children_of(run.proc.pid) - {first["pid"]}, "no trainer started on the full disk"
+        filler.unlink()
+        back = run.status(lambda s: s.get("attempt", 0) >= 1 and s.get("state") == "running"
+                          and s.get("step", 0) > 0, timeout=180)  # fmt: skip
+        assert back["pid"] != first["pid"] and run.proc.poll() is None
+        record = run.record()
+        assert record["state"] == "running" and record["restarts"]["count"] >= 1
+        assert not list(run.run_dir.glob(".supervisor.json.*.tmp")), "a cut temp file was left"
+    finally:
+        run.close()
+
+
+def test_a_freeze_of_the_supervisor_with_its_trainer_is_no_hang(supervised):
+    """The supervisor and its trainer stopped together (a container frozen for a backup in
+    suspend mode, or by `pct freeze`) for longer than --hang-after, then thawed, the trainer a
+    little after the supervisor (its next step takes a while): the trainer trains on, not
+    killed as hung. (The supervisor judged it hung at once on its thaw.)"""
+    run = supervised("--backoff 1 --hang-after 10")
+    first = run.status(running_past(3, 0))
+    os.killpg(run.proc.pid, signal.SIGSTOP)
+    time.sleep(15)  # the freeze itself: longer than the hang limit
+    os.kill(run.proc.pid, signal.SIGCONT)
+    time.sleep(2)  # the trainer's first step after the thaw, well within the limit
+    os.killpg(run.proc.pid, signal.SIGCONT)
+    same_trainer_on = first["step"] + 10
+    later = run.status(
+        lambda s: s.get("pid") == first["pid"] and s.get("step", 0) >= same_trainer_on, timeout=120
+    )
+    assert later["attempt"] == 0
+    record = run.record()
+    assert record["restarts"]["count"] == 0 and len(record["attempts"]) == 1, record
+    assert "the supervisor did not run for" in run.text()
+    assert "hung: no step for" not in run.text()
+
+
 def test_a_stop_during_the_back_off_starts_nothing(supervised):
     run = supervised("--backoff 60 --hang-after 600")
     first = run.status(running_past(1, 0))
