@@ -38,7 +38,8 @@ from typing import Any
 from dflash.goodput import epoch
 from dflash.restart_facts import checkpoint_dir, release_name
 from dflash.stopflag import StopFlag
-from dflash.supervision import CANARY_FAILED, Policy, RunRecord, log, move_aside, read_status
+from dflash.supervision import CANARY_FAILED, Policy, RunRecord
+from dflash.supervisor_files import log, move_aside, read_status
 
 DUMP_WAIT_S = 3.0  # time the stacks get to reach the log before the kill
 POLL_S = 0.5

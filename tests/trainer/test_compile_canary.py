@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from dflash.compile_watch import CANARY_STEPS, CacheSuspect, CacheWatch, Canary
-from dflash.supervision import CACHE_SUSPECT_EXIT, CANARY_FAILED, move_aside
+from dflash.supervision import CACHE_SUSPECT_EXIT, CANARY_FAILED
+from dflash.supervisor_files import move_aside
 
 from .conftest import FAST, REPO, argv, cli_env, read_status, run_module
 from .test_supervise import RUN_ID, Supervised

@@ -21,7 +21,7 @@ from ansible.module_utils.dflash_state import (
 from dflash_filters import dflash_findings
 from dflash_state_findings import history_findings
 
-from dflash.supervision import append_line
+from dflash.supervisor_files import append_line
 
 
 def torn_history(root: Path) -> bytes:
