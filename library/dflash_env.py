@@ -293,6 +293,17 @@ def explain(root: str, lock: dict, lid: str, env_dir: str, drift: list[dict], ch
                 "after": after,
             },
         }
+    if old_id == lid:  # the current deployment's own env, its folder gone
+        return {
+            "msg": f"envs/{lid} of the current deployment was missing: {built} again in its "
+            f"place from the same lock ({len(wanted)} pinned wheels)",
+            "diff": {
+                "before_header": f"{env_dir} (missing)",
+                "after_header": f"{env_dir} ({'to be built' if check else 'built'})",
+                "before": "",
+                "after": after,
+            },
+        }
     moved = changes(pinned(old_lock), wanted)
     if str(old_lock.get("python")) != str(lock.get("python")):
         moved.insert(0, f"python {old_lock.get('python')} -> {lock.get('python')}")

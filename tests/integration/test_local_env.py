@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -108,6 +109,16 @@ def test_hand_changed_package_is_named_and_rebuilt(deploy, wheelhouse, target_ro
     assert run.rc == 0, run.output
     assert PKG in run.output and "'expected': '1.0'" in run.output.replace('"', "'")
     assert "'found': '1.1'" in run.output.replace('"', "'")
+    assert envs_of(target_root)[env] == "1.0"
+
+    # The current deployment's env folder deleted: rebuilt where it was, and said so (not "next
+    # to" itself, as if it were another env).
+    shutil.rmtree(env_dir)
+    rebuilt = deploy(lock)
+    assert rebuilt.rc == 0, rebuilt.output
+    flat = " ".join(rebuilt.output.split())
+    assert f"envs/{env} of the current deployment was missing: built again in its place" in flat
+    assert "next to" not in flat
     assert envs_of(target_root)[env] == "1.0"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from tests.helpers import REPO
 from tests.integration.conftest import PKG, small_lock
 
 
@@ -68,3 +69,37 @@ def test_history_lists_and_diff_names_exactly_what_changed(
     bad = playbook("diff.yml", dflash_diff_json=str(reports / "x.json"), dflash_diff_from="v9")
     assert bad.rc != 0
     assert "no deployment matches 'v9'" in bad.output and "fastest" in bad.output
+
+
+def test_a_deployment_made_by_another_controller_is_named(
+    source_repo, playbook, wheelhouse, target_root
+):
+    """Two checkouts (or controllers) deploying to one state root: history records each one's
+    checkout folder, and a deploy says when the running deployment came from another."""
+    repo = source_repo("v1", {"dflash/__init__.py": "VERSION = 1\n"})
+    other = {
+        "user": "ci",
+        "host": "runner-1",
+        "toolkit_commit": "abc1234",
+        "checkout": "/srv/ci/dflash-deploy",
+        "remote": "https://git.example/dflash.git",
+    }
+    common = {"dflash_source_dir": str(repo), "dflash_ref": "v1",
+              "dflash_env_lock": small_lock(wheelhouse, "1.0")}  # fmt: skip
+    first = playbook("deploy.yml", **common, dflash_controller=other)
+    assert first.rc == 0, first.output
+    assert "another controller" not in first.output
+
+    mine = playbook("deploy.yml", **common, dflash_trainer_args={"max_steps": 7})
+    assert mine.rc == 0, mine.output
+    said = " ".join(mine.output.split())
+    assert (
+        "was made by another controller: ci@runner-1:/srv/ci/dflash-deploy "
+        "(https://git.example/dflash.git), toolkit commit abc1234; this run is "
+    ) in said, mine.output
+    lines = [json.loads(x) for x in (target_root / "history.jsonl").read_text().splitlines()]
+    assert lines[-1]["controller"]["checkout"] == str(REPO.resolve())
+    assert "remote" in lines[-1]["controller"]
+
+    again = playbook("deploy.yml", **common, dflash_trainer_args={"max_steps": 7})
+    assert again.rc == 0 and "another controller" not in again.output, again.output
