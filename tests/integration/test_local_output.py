@@ -23,10 +23,11 @@ WAIT = "Wait for the trainer's health check - 5 training steps of release v"
 
 
 def test_the_screen_shows_progress_and_a_no_op_fits(deploy, trainer_repo):
-    # 5 s a step: the trainer steps for 25 s or more, however long it takes to start on a loaded
-    # machine; progress lines come at doubling intervals (3, 6, 12, 24, 48 s), so one of them
-    # falls while it steps.
-    args = dict(TRAINER_ARGS, sleep_per_step=5.0)
+    # 8 s a step: the trainer steps for 40 s or more, however long it takes to start on a loaded
+    # machine; progress lines come at doubling intervals but at most 30 s apart (ansible.cfg's
+    # progress_interval), so one of them falls while it steps. (With 5 s a step, a start of 28 s
+    # under two CPU burners put the 25 s of steps between two lines.)
+    args = dict(TRAINER_ARGS, sleep_per_step=8.0)
     first = deploy("v1", dflash_trainer_args=args, _env=AS_CONFIGURED)
     assert first.rc == 0, first.output
     assert "FAILED - RETRYING" not in first.output, first.output
