@@ -17,8 +17,9 @@ export PATH := $(BIN):$(PATH)
 PLAYBOOKS := $(wildcard *.yml) $(wildcard playbooks/*.yml)
 # torch's CPU build is not on PyPI: uv looks where pip is told to look for wheels (PIP_FIND_LINKS
 # or pip.conf's find-links) and in UV_FIND_LINKS (e.g. https://download.pytorch.org/whl/cpu/torch/).
-PIP_WHEEL_DIRS := $(strip $(PIP_FIND_LINKS) $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
-FIND_LINKS := $(foreach dir,$(sort $(PIP_WHEEL_DIRS)),--find-links $(dir))
+# (Expanded only where a recipe uses them: no pip run for a make that builds no venv or lock.)
+PIP_WHEEL_DIRS = $(strip $(PIP_FIND_LINKS) $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+FIND_LINKS = $(foreach dir,$(sort $(PIP_WHEEL_DIRS)),--find-links $(dir))
 
 .PHONY: venv lock demo test test-quick lint clean-sandbox
 

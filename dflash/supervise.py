@@ -171,8 +171,8 @@ class Supervisor:
         """The time now; a gap since the last poll (`polled`) past FROZEN_AFTER_S is a freeze
         of the supervisor itself, from which the trainer's idle time counts anew."""
         now = time.time()
-        if now - polled > FROZEN_AFTER_S:
-            gap = now - polled
+        gap = now - polled
+        if gap > FROZEN_AFTER_S:
             log(f"the supervisor did not run for {gap:.0f} s (its container frozen or suspended?):"
                 " the trainer's idle time counts from now, that gap is no hang")  # fmt: skip
             self.thawed_at = now

@@ -16,6 +16,7 @@ import pytest
 
 from dflash.checkpoint_names import newest_step
 from dflash.goodput import attempt_buckets, goodput
+from dflash.supervise import descendants
 from dflash.supervision import Policy, RunRecord
 
 from .conftest import FAST, REPO, argv, cli_env, read_status, wait_for_status
@@ -200,19 +201,6 @@ def test_restart_lines_name_the_checkpoint_on_disk_the_error_and_the_release(sup
     assert run.record()["last_error"] == f"exit code 1: {error}"
 
 
-def children_of(pid: int) -> set[int]:
-    found = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.add(int(name))
-    return found
-
-
 def fill(disk: Path, log_fd: int) -> Path:
     """Write zeros to `disk` until it has no room left, then newlines to the trainer's log
     through its own open file (its offset, which the supervisor and trainer share) until its
@@ -244,10 +232,14 @@ def test_a_full_disk_does_not_end_the_supervisor(tmpfs, tmp_path):
         filler = fill(disk, run.log.fileno())
         os.kill(first["pid"], signal.SIGKILL)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not children_of(run.proc.pid) - {first["pid"]}:
+
+        def new_trainer() -> set[int]:
+            return set(descendants(run.proc.pid)) - {first["pid"]}
+
+        while time.monotonic() < deadline and not new_trainer():
             assert run.proc.poll() is None, "the supervisor died on the full disk"
             time.sleep(0.1)
-        assert children_of(run.proc.pid) - {first["pid"]}, "no trainer started on the full disk"
+        assert new_trainer(), "no trainer started on the full disk"
         filler.unlink()
         back = run.status(lambda s: s.get("attempt", 0) >= 1 and s.get("state") == "running"
                           and s.get("step", 0) > 0, timeout=180)  # fmt: skip
