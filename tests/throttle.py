@@ -10,22 +10,26 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-# argv: PGID SHARE. Bursts of 20 ms run; the stop after each lasts `share / (1 - share)` times
-# the burst as it really was, so a late wake-up of this process (a loaded machine) lengthens
-# the stop too and the group is stopped for `share` of the time whatever the load. SIGTERM
-# leaves the group running.
+# argv: PGID SHARE. Bursts of 2 ms run, each far shorter than a step of the test trainer (~20
+# ms), so no step fits in one burst even when this process wakes late (a 20 ms burst let whole
+# steps through on a loaded machine). The stop after each lasts `share / (1 - share)` times the
+# burst as it really was, so a late wake-up lengthens the stop too and the group is stopped for
+# `share` of the time whatever the load. Where it may (root with CAP_SYS_NICE), it wakes as a
+# real-time process, on time beside busy ones. SIGTERM leaves the group running.
 SCRIPT = """
-import os, signal, sys, time
+import contextlib, os, signal, sys, time
 pgid, share = int(sys.argv[1]), float(sys.argv[2])
 def leave(*_):
     os.killpg(pgid, signal.SIGCONT)
     sys.exit(0)
 signal.signal(signal.SIGTERM, leave)
+with contextlib.suppress(OSError):
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
 try:
     while True:
         began = time.monotonic()
         os.killpg(pgid, signal.SIGCONT)
-        time.sleep(0.02)
+        time.sleep(0.002)
         os.killpg(pgid, signal.SIGSTOP)
         time.sleep((time.monotonic() - began) * share / (1 - share))
 except ProcessLookupError:

@@ -55,15 +55,35 @@ def is_trainer(pid: int, root: Path) -> bool:
     return f"DFLASH_ROOT={os.path.realpath(root)}".encode() in environ.split(b"\0")
 
 
-def orphans(pids: set[int], root: Path) -> list[int]:
-    """Which of a killed run's processes still live, its trainer (which is meant to) aside."""
+def group_members(pgid: int) -> set[int]:
+    """Every live process of the process group `pgid` (a worker forked or a module started after
+    the kill's snapshot of the tree still belongs to the playbook's group)."""
+    members = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
+                members.add(int(name))
+    return members
+
+
+def orphans(pids: set[int], root: Path, group: int | None = None) -> list[int]:
+    """Which of a killed run's processes still live, its trainer (which is meant to) aside:
+    those seen below it when it was killed, and any left in its process group `group`."""
+    pids = pids | (group_members(group) if group is not None else set())
     return sorted(p for p in pids if alive(p) and not is_trainer(p, root))
 
 
 def start(variables: dict) -> subprocess.Popen:
+    """The playbook in a process group of its own (as a shell's job is), so what it forks after
+    the kill's snapshot is still found by the group."""
     return subprocess.Popen(
         playbook_command("deploy.yml", variables), cwd=REPO, env=playbook_env(),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        process_group=0,
     )  # fmt: skip
 
 
@@ -153,13 +173,16 @@ def test_kill_9_at_each_step_then_a_plain_rerun_converges(
             "dflash_min_throughput_ratio": 0,
         }  # fmt: skip
         when = condition(tag, before_run) if condition else None
-        killed_output, below = kill_at(start(variables), banner, when)
+        killed = start(variables)
+        killed_output, below = kill_at(killed, banner, when)
         lock = read_json(root / ".deploy.lock")
         assert lock is not None, f"{point}: the killed run left no lock to recognise it by"
 
         # Whatever the killed run left running below it ends with it (no orphan module).
-        assert wait_for(lambda below=below: not orphans(below, root), 30), (
-            f"{point}: processes of the killed run outlived it: {orphans(below, root)}"
+        gone = lambda below=below, group=killed.pid: not orphans(below, root, group)  # noqa: E731
+        assert wait_for(gone, 30), (
+            f"{point}: processes of the killed run outlived it: "
+            f"{orphans(below, root, killed.pid)}"
         )
         if point != "record":  # (a kill at the record step may leave nothing interrupted)
             # Named, not passed: the interrupted run.

@@ -3,11 +3,12 @@ real after a healthy deploy, and `ok` again once the slowdown is gone.
 
 Why the margins hold on a loaded machine (tokens/s here swings 3x between moments):
 - The slowdown: the trainer is kept stopped 97% of the time (tests/throttle.py holds that
-  share whatever the load), 33x slower than it runs free. The test waits until the trainer's
-  last 3 completed windows (status.json's throughput_windows_unstarved, what verify judges) are
-  each
-  under a quarter of the lowest band, 0.5 x the deploy's recorded health check / 4, and
-  verify reads them seconds later under the same throttle: no window completes in that time.
+  share whatever the load), 33x slower than it runs free, in running bursts of 2 ms against
+  steps of ~20 ms, so no step runs whole inside one burst even when the throttle wakes late.
+  The test waits until the trainer's last 3 completed windows (status.json's
+  throughput_windows_unstarved, what verify judges) are each under a quarter of the lowest
+  band, 0.5 x the deploy's recorded health check / 4, and verify reads them seconds later under
+  the same throttle: no window completes in that time.
 - The way back: once released, the reference is set by the test (the recorded health-check
   figure, to a quarter of the trainer's own figure a moment before); `ok` fails only if the
   machine slows the trainer 5x within those seconds."""

@@ -146,12 +146,12 @@ def test_verify_findings(tmp_path: Path):
 def test_a_cache_moved_aside_by_the_deploy_is_named_as_the_trainer_names_one(tmp_path):
     """The warmup module and the trainer's supervisor set a suspect cache aside alike, so verify
     reads both kinds the same way, newest first, with why."""
-    from dflash import supervision
+    from dflash import supervision, supervisor_files
 
     assert CACHE_SUSPECT_EXIT == supervision.CACHE_SUSPECT_EXIT
     cache = tmp_path / "cache" / "0123456789abcdef"
     cache.mkdir(parents=True)
-    by_trainer = supervision.move_aside(cache, "loss is nan at step 1", "run-1")
+    by_trainer = supervisor_files.move_aside(cache, "loss is nan at step 1", "run-1")
     cache.mkdir()
     by_deploy = Path(move_aside(str(cache), "failed its canary: exit 3"))
     assert by_trainer.name.startswith(f"{cache.name}.failed-")
