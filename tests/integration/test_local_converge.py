@@ -181,8 +181,7 @@ def test_kill_9_at_each_step_then_a_plain_rerun_converges(
         # Whatever the killed run left running below it ends with it (no orphan module).
         gone = lambda below=below, group=killed.pid: not orphans(below, root, group)  # noqa: E731
         assert wait_for(gone, 30), (
-            f"{point}: processes of the killed run outlived it: "
-            f"{orphans(below, root, killed.pid)}"
+            f"{point}: processes of the killed run outlived it: {orphans(below, root, killed.pid)}"
         )
         if point != "record":  # (a kill at the record step may leave nothing interrupted)
             # Named, not passed: the interrupted run.
