@@ -85,7 +85,7 @@ def main() -> None:
         report = Path(tmp) / "verify.json"
         # tokens/s on a shared machine is noise: neither the gate nor verify judges it here.
         common = {"dflash_root": str(root), "dflash_verify_json": str(report),
-                  "dflash_verify_min_throughput_ratio": 0,
+                  "dflash_verify_min_throughput_ratio": 0, "dflash_verify_max_cpu_wait": 1,
                   "dflash_min_throughput_ratio": 0}  # fmt: skip
         policy = {"backoff": args.backoff, "backoff_max": max(args.backoff, 300)}
         deploy = run_playbook("deploy.yml", {

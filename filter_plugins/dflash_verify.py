@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from dflash_contention import AFTER_S, MAX_WAIT, contention_view
 from dflash_data import length_shift
 from dflash_findings import finding
 from dflash_gpu import judge_facts
+from dflash_judged import judged_trainer
 from dflash_states import STEPPING
 from dflash_supervision import supervision_line, supervision_view
 from dflash_throughput import WAIT_NOISE, reference_speed
@@ -30,25 +32,8 @@ def _speed(value: Any) -> str:
     return f"{value:.0f}" if isinstance(value, (int, float)) else "-"
 
 
-def _trainer(facts: dict) -> tuple[dict, dict] | None:
-    """The leader and status of the trainer to judge: the one trainer.json names, else the
-    first with a status file (several at once are the duplicate_trainer finding)."""
-    groups: dict[int, list[dict]] = {}
-    for proc in (facts.get("trainers") or {}).get("processes") or []:
-        groups.setdefault(proc.get("job", proc["pid"]), []).append(proc)
-    run_id = ((facts.get("trainers") or {}).get("record") or {}).get("run_id")
-    chosen = None
-    for group in groups.values():
-        status = next((p["status"] for p in group if p.get("status")), None)
-        if status and (chosen is None or status.get("run_id") == run_id):
-            chosen = (min(group, key=lambda p: p["pid"]), status)
-    if chosen is None and groups:
-        chosen = (min(next(iter(groups.values())), key=lambda p: p["pid"]), {})
-    return chosen
-
-
 def trainer_summary(facts: dict) -> dict | None:
-    found = _trainer(facts)
+    found = judged_trainer(facts)
     if found is None:
         return None
     leader, status = found
@@ -68,7 +53,7 @@ def compile_cache_view(facts: dict) -> dict | None:
     """The compile cache the judged trainer runs on, as its status.json says (fingerprint,
     warm or cold start, first step, hits and misses, canary), and the caches set aside under
     the root after a failed canary, newest first; None when there is neither."""
-    found = _trainer(facts)
+    found = judged_trainer(facts)
     running = (found[1] if found else {}).get("compile_cache")
     aside = (facts.get("cache") or {}).get("moved_aside") or []
     if not running and not aside:
@@ -211,7 +196,7 @@ def throughput_view(facts: dict, min_ratio: float = 0.8, heartbeat_max_age: floa
         "min_ratio": min_ratio,
         "judged": False,
     }
-    found = _trainer(facts)
+    found = judged_trainer(facts)
     if found is None:
         return dict(view, note="no trainer runs")
     leader, status = found
@@ -280,7 +265,7 @@ def throughput_findings(
         )
         found.append(f"x{ratios['fastest']:g} of the fastest")
     trainer = trainer_summary(facts) or {}
-    _, status = _trainer(facts) or ({}, {})
+    _, status = judged_trainer(facts) or ({}, {})
     data_moved = length_shift((fastest or check or {}).get("data"), status.get("data"))
     host_changed = (
         "nothing was deployed since it ran fast: look at the host (the gpu finding, other "
@@ -311,10 +296,17 @@ def throughput_findings(
     ]
 
 
-def verify_summary(facts: dict, min_ratio: float = 0.8, heartbeat_max_age: float = 60) -> dict:
+def verify_summary(
+    facts: dict,
+    min_ratio: float = 0.8,
+    heartbeat_max_age: float = 60,
+    max_cpu_wait: float = MAX_WAIT,
+    contention_after: float = AFTER_S,
+) -> dict:
     """The per-host figures of the table and the reports: the trainer, its throughput beside
-    its references, and what each check could look at (`checks`)."""
+    its references, its wait for a CPU, and what each check could look at (`checks`)."""
     throughput = throughput_view(facts, min_ratio, heartbeat_max_age)
+    contention = contention_view(facts, max_cpu_wait, contention_after)
     gpus = judge_facts(facts)
     gpu_check = (
         f"checked GPUs {','.join(map(str, gpus['gpus']))} (pids as seen "
@@ -327,8 +319,13 @@ def verify_summary(facts: dict, min_ratio: float = 0.8, heartbeat_max_age: float
         "supervision": supervision_view(facts),
         "compile_cache": compile_cache_view(facts),
         "throughput": throughput,
+        "contention": contention,
         "gpu": {key: gpus[key] for key in ("applies", "why", "gpus", "pids") if key in gpus},
-        "checks": {"throughput": throughput["note"], "gpu": gpu_check},
+        "checks": {
+            "throughput": throughput["note"],
+            "contention": contention["note"],
+            "gpu": gpu_check,
+        },
     }
 
 

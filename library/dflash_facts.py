@@ -43,6 +43,18 @@ options:
       - The training data a deploy names (C(dflash_data)), read as C(wanted_data) without
         reading the data itself (a store's manifest and its arrays' sizes, a file's size).
     type: str
+  max_cpu_wait:
+    description:
+      - The share of its time a trainer may wait for a CPU (C(dflash_verify_max_cpu_wait)).
+        When a trainer that has run C(contention_after) seconds waited more in each of its
+        last windows, returns C(cpu_consumers), a 1 s sample of the processes that took the
+        CPU, its own left out. 1 never samples.
+    type: float
+    default: 1.0
+  contention_after:
+    description: Seconds a trainer runs before its wait for a CPU is judged.
+    type: float
+    default: 300
   rollback_release:
     description:
       - The release a rollback goes to (an empty string for the previous deployment); returns
@@ -95,6 +107,14 @@ memory:
   description: The memory cgroup the target runs in (a container's own), C(oom_kills) (the
     processes the kernel OOM-killed in it; null where unreadable) and C(limit_mb) (null for
     none).
+  type: dict
+  returned: always
+cpu_consumers:
+  description:
+    - Only when a trainer waited for a CPU over C(max_cpu_wait) of its time, the processes
+      that took the CPU over a 1 s sample (C(top), each C(pid), C(name), C(cpu) in CPUs and
+      C(cmdline)), C(others_cpu) their sum, C(cpus) this target's CPUs. The trainers, what
+      runs under them and this module's own parents are left out. Null otherwise.
   type: dict
   returned: always
 recorded_trees:
@@ -272,6 +292,8 @@ from datetime import datetime, timezone
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_checks import environment_check, release_check, writable
 from ansible.module_utils.dflash_compile_cache import read as read_cache
+from ansible.module_utils.dflash_contention import judge
+from ansible.module_utils.dflash_cpu_top import cpu_consumers
 from ansible.module_utils.dflash_data import read_data, running_data
 from ansible.module_utils.dflash_disk import free_space
 from ansible.module_utils.dflash_env_lock import (
@@ -476,6 +498,17 @@ def gather(root: str, checksums: bool, history_limit: int, baseline_from: int = 
     return facts
 
 
+def consumers_if_contended(processes: list[dict], max_wait: float, after_s: float) -> dict | None:
+    """Who took the CPU over a short sample, only when a trainer waited for one too long:
+    the sample costs a second."""
+    if not any(
+        judge(p["status"], p["age_s"], max_wait, after_s)["contended"]
+        for p in processes if p.get("status")
+    ):  # fmt: skip
+        return None
+    return cpu_consumers({p["pid"] for p in processes})
+
+
 def read(params: dict) -> dict:
     """The facts of the root and the answers to this call's questions (the lock's env, the
     release and data to check, what a rollback restores)."""
@@ -503,6 +536,9 @@ def read(params: dict) -> dict:
                 )
     if params["data"] is not None:
         facts["wanted_data"] = read_data(params["data"])
+    facts["cpu_consumers"] = consumers_if_contended(
+        facts["trainers"]["processes"], params["max_cpu_wait"], params["contention_after"]
+    )
     if params["rollback_release"] is not None:
         release = params["rollback_release"] or facts["previous_deployment"]
         # The entry rollback.yml restores: the newest good deployment of that release.
@@ -544,6 +580,8 @@ def main() -> None:
             "lock": {"type": "dict"},
             "rollback_release": {"type": "str"},
             "data": {"type": "str"},
+            "max_cpu_wait": {"type": "float", "default": 1.0},
+            "contention_after": {"type": "float", "default": 300},
         },
         supports_check_mode=True,
     )

@@ -224,6 +224,9 @@ def playbook(tmp_path: Path, target_root: Path, local_envs: Path) -> Callable[..
             # the throughput tests of verify (test_local_verify_throughput.py) its check.
             "dflash_min_throughput_ratio": 0,
             "dflash_verify_min_throughput_ratio": 0,
+            # A trainer beside the suite's other workers waits for a CPU by design: the
+            # contention tests (test_local_verify_contention.py) turn the check on.
+            "dflash_verify_max_cpu_wait": 1,
         }
         variables.update(extravars)
         if variables["dflash_root"] == str(target_root) and not target_root.exists():

@@ -46,6 +46,8 @@ class Target:
     facts: dict | None = field(default=None, repr=False)
     heartbeat_max_age: float | None = None
     min_throughput_ratio: float | None = None
+    max_cpu_wait: float = 1.0
+    contention_after: float = 0.0
     error: str | None = None
 
 
@@ -141,4 +143,6 @@ def _target(host: str, results: dict[str, dict], rc: int) -> Target:
         facts=facts,
         heartbeat_max_age=float(limits["heartbeat_max_age"]),
         min_throughput_ratio=float(limits["min_throughput_ratio"]),
+        max_cpu_wait=float(limits["max_cpu_wait"]),
+        contention_after=float(limits["contention_after"]),
     )

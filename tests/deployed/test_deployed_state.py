@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import testinfra.host
+from dflash_contention import contention_findings, contention_view
 from dflash_hints import redeploy_command, restart_command
 
 from tests.deployed.state import REPO, Target
@@ -46,13 +47,14 @@ def says(what: str, expected: Any, found: Any, fix: str) -> str:
 
 def findings(state: Target, *kinds: str) -> list[dict]:
     """verify.yml's findings for this host, only those of the given kinds (all without): the
-    same three rule sets as roles/dflash_verify/tasks/main.yml."""
+    same four rule sets as roles/dflash_verify/tasks/main.yml."""
     found = (
         FILTERS.dflash_findings(state.facts, state.heartbeat_max_age)
         + VERIFY.throughput_findings(
             state.facts, state.min_throughput_ratio, state.heartbeat_max_age
         )
         + VERIFY_GPU.gpu_findings(state.facts)
+        + contention_findings(state.facts, state.max_cpu_wait, state.contention_after)
     )
     return [item for item in found if not kinds or item["kind"] in kinds]
 
@@ -312,6 +314,16 @@ def test_trainer_throughput_within_ratio(state: Target) -> None:
     if not view["judged"]:
         pytest.skip(f"{state.name}: throughput not judged: {view['note']}")
     problems = findings(state, "throughput")
+    assert not problems, explain(state, problems)
+
+
+def test_trainer_not_starved_of_cpu(state: Target) -> None:
+    # What verify.yml judges: the share of its time the trainer waited for a CPU that other
+    # processes held, in each of its last 3 windows, once it has run long enough.
+    view = contention_view(state.facts, state.max_cpu_wait, state.contention_after)
+    if not view["judged"]:
+        pytest.skip(f"{state.name}: CPU wait not judged: {view['note']}")
+    problems = findings(state, "contention")
     assert not problems, explain(state, problems)
 
 

@@ -91,7 +91,10 @@ def test_export_fetches_a_checked_folder_and_records_it(deploy, playbook, target
     # tokens/s on a shared machine is noise: the suite's throughput test is off here, as
     # verify's is in every fixture (this test is about the export, not the speed).
     inventory = local_inventory(
-        tmp_path / "inventory.yml", target_root, dflash_verify_min_throughput_ratio=0
+        tmp_path / "inventory.yml",
+        target_root,
+        dflash_verify_min_throughput_ratio=0,
+        dflash_verify_max_cpu_wait=1,
     )
     suite = run_suite(inventory, tmp_path / "s.xml")
     assert suite.rc == 0 and not suite.failed, suite.output

@@ -48,6 +48,7 @@ def job_inventory(tmp_path: Path, envs: Path | None = None, **per_host: dict) ->
             "dflash_job_port": port, "dflash_target_gpus": [0], "dflash_drafter_gpus": [1],
             "dflash_trainer_args": JOB_ARGS, "dflash_trainer_env": {"GLOO_SOCKET_IFNAME": "lo"},
             "dflash_min_throughput_ratio": 0, "dflash_verify_min_throughput_ratio": 0,
+            "dflash_verify_max_cpu_wait": 1,
             "dflash_restart_policy": {"backoff": 2},
             **per_host.get(name, {}),
         }  # fmt: skip

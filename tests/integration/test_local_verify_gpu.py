@@ -64,6 +64,7 @@ def test_a_second_process_on_the_jobs_gpu_is_named_with_its_pid_and_memory(tmp_p
         "dflash_health_timeout": 900,
         "dflash_min_throughput_ratio": 0,
         "dflash_verify_min_throughput_ratio": 0,  # this test is about who holds the GPU
+        "dflash_verify_max_cpu_wait": 1,
     }
 
     def verify():

@@ -157,6 +157,7 @@ def test_the_summary_carries_the_figures_and_what_each_check_looked_at():
     }  # fmt: skip
     assert summary["checks"] == {
         "throughput": "judged over the last 20 steps",
+        "contention": "not judged: this trainer does not measure its wait for a CPU",
         "gpu": "not applicable: no nvidia-smi on the target (a CPU target)",
     }
     assert summary["gpu"]["applies"] is False
@@ -166,7 +167,7 @@ def test_the_summary_carries_the_figures_and_what_each_check_looked_at():
         "tokens/s: now 100 | health check 1000 (#2 v2, x0.1) | fastest 1250 "
         "(#1 v1, x0.08) | slowest stage drafter_backward 1.900 s"
     )
-    assert lines[3] == "check gpu: not applicable: no nvidia-smi on the target (a CPU target)"
+    assert lines[4] == "check gpu: not applicable: no nvidia-smi on the target (a CPU target)"
 
 
 def test_a_drop_is_drift_only_when_it_holds_over_consecutive_windows():

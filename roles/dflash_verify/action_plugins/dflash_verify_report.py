@@ -87,8 +87,8 @@ prom_path:
 KINDS = ("code", "release", "stale_process", "duplicate_trainer", "not_running",
          "heartbeat_stale", "hung", "trainer_down", "supervisor_gone", "crash_loop",
          "environment", "run_script",
-         "cache", "throughput", "gpu", "data", "history", "trainer_record", "checkpoint",
-         "disk")  # fmt: skip
+         "cache", "throughput", "contention", "gpu", "data", "history", "trainer_record",
+         "checkpoint", "disk")  # fmt: skip
 # The causes of lost time that supervisor.json's goodput names (dflash/goodput.py CAUSES).
 BADPUT = ("startup", "checkpoint", "lost", "hang", "down")
 # `stopped`: stop.yml stopped the trainer on purpose, nothing drifted (verify exits 0).
@@ -154,6 +154,12 @@ def junit_xml(report: dict[str, dict], jobs: dict[str, dict] | None = None) -> b
     return ElementTree.tostring(suite, encoding="UTF-8", xml_declaration=True) + b"\n"
 
 
+def cpu_wait(result: dict) -> float | None:
+    """The share of its time the trainer waited for a CPU in its newest window."""
+    shares = (result.get("contention") or {}).get("shares") or []
+    return shares[-1] if shares else None
+
+
 def host_figures(result: dict) -> dict[str, Any]:
     """The figures of a host's test case: tokens/s now, at the health check and of the
     fastest comparable deployment, the slowest stage, the trainer's step and age, and what
@@ -171,6 +177,7 @@ def host_figures(result: dict) -> dict[str, Any]:
         "status_age_s": trainer.get("heartbeat_age_s"),
         "restarts": ((result.get("supervision") or {}).get("restarts") or {}).get("count"),
         "goodput_ratio": ((result.get("supervision") or {}).get("goodput") or {}).get("ratio"),
+        "cpu_wait_ratio": cpu_wait(result),
     }
     figures.update({f"check.{name}": text for name, text in (result.get("checks") or {}).items()})
     return {name: value for name, value in figures.items() if value is not None}
@@ -197,7 +204,8 @@ def prometheus_text(report: dict[str, dict], now: float, jobs: dict | None = Non
     applies = gauge(
         "dflash_verify_check_applicable",
         "1 when the check could judge the host (gpu: nvidia-smi and GPUs in the "
-        "layout; throughput: a running trainer with a full window).",
+        "layout; throughput: a running trainer with a full window; contention: one that "
+        "has run dflash_verify_contention_after seconds with 3 windows).",
         "check",
     )
     speed = gauge("dflash_trainer_tokens_per_second", "The running trainer's tokens/s now.")
@@ -216,6 +224,10 @@ def prometheus_text(report: dict[str, dict], now: float, jobs: dict | None = Non
         "dflash_trainer_throughput_band",
         "The share of each reference the judged tokens/s must reach (verify's band).",
         "reference",
+    )
+    waited = gauge(
+        "dflash_trainer_cpu_wait_ratio",
+        "Share of its newest window the trainer waited for a CPU other processes held.",
     )
     step = gauge("dflash_trainer_step", "The running trainer's training step.")
     age = gauge("dflash_trainer_status_age_seconds", "Age of the trainer's status.json.")
@@ -236,6 +248,9 @@ def prometheus_text(report: dict[str, dict], now: float, jobs: dict | None = Non
             findings.labels(host, kind).set(kinds.count(kind))
         throughput = result.get("throughput") or {}
         applies.labels(host, "throughput").set(int(bool(throughput.get("judged"))))
+        applies.labels(host, "contention").set(
+            int(bool((result.get("contention") or {}).get("judged")))
+        )
         applies.labels(host, "gpu").set(int(bool((result.get("gpu") or {}).get("applies"))))
         if throughput.get("tokens_per_s") is not None:
             speed.labels(host).set(throughput["tokens_per_s"])
@@ -247,6 +262,8 @@ def prometheus_text(report: dict[str, dict], now: float, jobs: dict | None = Non
                 ratio.labels(host, name).set(throughput["ratios"][name])
             if (throughput.get("bands") or {}).get(name) is not None:
                 band.labels(host, name).set(throughput["bands"][name])
+        if cpu_wait(result) is not None:
+            waited.labels(host).set(cpu_wait(result))
         for name, seconds in (throughput.get("stages") or {}).items():
             if seconds is not None:
                 stage.labels(host, name).set(seconds)
