@@ -265,12 +265,21 @@ def setup_findings(facts: dict) -> list[dict]:
 
 
 def data_findings(facts: dict) -> list[dict]:
-    """`data`: what lies where a running trainer's data came from is no longer what it read
-    (a store prepared again, truncated or removed; a JSONL file changed)."""
+    """`data`: what lies where a trainer's data came from is no longer what it read (a store
+    prepared again, truncated or removed; a JSONL file changed): a running trainer's, or the
+    recorded run's while its trainer is down (a back-off, a crash loop)."""
     out, seen = [], set()
     now = facts.get("data") or {}
-    for proc in sorted((facts.get("trainers") or {}).get("processes") or [],
-                       key=lambda p: p["pid"]):  # fmt: skip
+    trainers = facts.get("trainers") or {}
+    down = trainers.get("down_status")
+    down_as = (trainers.get("supervisor") or {}).get("state") or (down or {}).get("state")
+    # A down run's processes (its supervisor) read no data: the run is judged once, as down.
+    readers = sorted(
+        (p for p in trainers.get("processes") or []
+         if not down or p.get("run_id") != down.get("run_id")),
+        key=lambda p: p["pid"],
+    )  # fmt: skip
+    for proc in readers + ([{"pid": None, "status": down}] if down else []):
         reported = (proc.get("status") or {}).get("data") or {}
         path = reported.get("path")
         if path in seen:
@@ -279,16 +288,24 @@ def data_findings(facts: dict) -> list[dict]:
         why = changed_under(reported, now.get(path))
         if why:
             sha = str(reported.get("content_sha256") or "")[:12]
+            hint = (
+                "the trainer still trains on what it read (a store replaced whole keeps its "
+                f"old files open; one changed in place mixes both): {restart_command(facts)} "
+                f"starts it again on the data at {path} now, with the run.sh and env its "
+                "deployment recorded; or put the data it read back there"
+                if proc["pid"] is not None
+                else f"the trainer is down ({down_as}), and its next "
+                f"start reads what lies at {path} now: prepare it again (python -m dflash.data "
+                "prepare --force, docs/training-data.md) or put back the data it read, then "
+                f"{restart_command(facts)}"
+            )
             out.append(
                 finding(
                     "data",
                     f"the {reported.get('kind')} {path} as the trainer read it at start"
                     + (f" (sha256 {sha})" if sha else ""),
                     why,
-                    "the trainer still trains on what it read (a store replaced whole keeps its "
-                    f"old files open; one changed in place mixes both): {restart_command(facts)} "
-                    f"starts it again on the data at {path} now, with the run.sh and env its "
-                    "deployment recorded; or put the data it read back there",
+                    hint,
                     path=path,
                     pid=proc["pid"],
                 )

@@ -195,7 +195,9 @@ trainers:
       trainer process of the root with pid,
       pgid, job (the pid of its topmost trainer ancestor, torchrun's for its workers), start
       time and age in seconds, command line, run id, release it runs from, cache dir, its
-      run's status.json and the heartbeat age in seconds.
+      run's status.json and the heartbeat age in seconds; C(supervisor), the recorded run's
+      supervisor.json; C(down_status), the recorded run's last status.json while its trainer
+      is down (its supervisor in back-off or crash loop, or no process of the run; else null).
   type: dict
   returned: always
 environment:
@@ -379,8 +381,17 @@ def trainers(root: str) -> dict:
     # The supervisor of the recorded run (dflash/supervise.py): its restarts and goodput.
     run_id = (record or {}).get("run_id")
     supervisor = read_json(run_path(root, run_id, SUPERVISOR)) if run_id else None
+    # The recorded run's last status while its trainer is down (its supervisor waits out a
+    # back-off or gave up; or no process of the run lives): the data it read are still judged
+    # against what lies at their path.
+    down = (
+        read_json(run_path(root, run_id, STATUS))
+        if run_id and ((supervisor or {}).get("state") in ("backoff", "crash_loop")
+                       or not any(p["run_id"] == run_id for p in processes))
+        else None
+    )  # fmt: skip
     return {"record": record, "record_problem": problem, "processes": processes,
-            "supervisor": supervisor}  # fmt: skip
+            "supervisor": supervisor, "down_status": down}  # fmt: skip
 
 
 def environment(root: str, lock_id: str | None, lock: dict | None = None) -> dict | None:
@@ -484,7 +495,12 @@ def gather(root: str, checksums: bool, history_limit: int, baseline_from: int = 
     # The figures a running trainer's tokens/s is judged against, over the whole history.
     facts["throughput_references"] = throughput_references(history, index, baseline_from)
     facts["trainers"] = trainers(root)
-    facts["data"] = {path: read_data(path) for path in running_data(facts["trainers"]["processes"])}
+    facts["data"] = {
+        path: read_data(path)
+        for path in running_data(
+            facts["trainers"]["processes"] + [{"status": facts["trainers"]["down_status"]}]
+        )
+    }
     facts["gpu"] = probe([proc["pid"] for proc in facts["trainers"]["processes"]])
     facts["gpus"] = (
         None

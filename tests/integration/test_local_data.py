@@ -2,19 +2,22 @@
 <root>/data-cache, a prepared store, the store prepared again under the running trainer
 (verify's `data` finding), the deploy that restarts it on the new data (its checkpoint's order
 not resumed on other data), and diff.yml's data section; a path that is not there is refused
-before anything changes."""
+before anything changes; a store truncated in place, which ends the trainer and every start
+after it, is still named while the trainer is down."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 from pathlib import Path
 
 import numpy as np
 
 from dflash.prepare import prepare
 from dflash.records import Settings
-from tests.integration.conftest import TRAINER_ARGS, status_of
+from tests.integration.conftest import TRAINER_ARGS, read_json, status_of
 
 ARGS = {key: value for key, value in TRAINER_ARGS.items() if key != "gen_samples"}
 
@@ -135,3 +138,36 @@ def test_data_from_jsonl_to_a_store_prepared_again_under_the_trainer(
     ) in flat, refused.output
     assert history(target_root) == before
     assert (target_root / "current").resolve().name == before[-1]["release"]
+
+
+def test_a_store_truncated_in_place_is_named_while_its_trainer_is_down(
+    deploy, playbook, target_root, tmp_path
+):
+    store = tmp_path / "store"
+    settings = Settings(max_seq_len=3072, vocab_size=128, tokenizer=None)
+    made = prepare([write_records(tmp_path / "a.jsonl", 4, 40)], store, settings, say=print)
+    # A long back-off: the trainer stays down while verify looks.
+    policy = {"backoff": 600, "backoff_max": 600}
+    first = deploy("v1", dflash_trainer_args=ARGS, dflash_data=str(store),
+                   dflash_restart_policy=policy)  # fmt: skip
+    assert first.rc == 0, first.output
+    run_id = read_json(target_root / "trainer.json")["run_id"]
+
+    # Cut in place under the trainer: its mapped pages are gone, its next read ends it.
+    os.truncate(store / "tokens.i32", 0)
+    supervisor = target_root / "runs" / run_id / "supervisor.json"
+    deadline = time.monotonic() + 180
+    while (read_json(supervisor) or {}).get("state") != "backoff":
+        assert time.monotonic() < deadline, f"the trainer never went down: {read_json(supervisor)}"
+        time.sleep(0.5)
+
+    audit = playbook("verify.yml")
+    assert audit.rc != 0, audit.output
+    found = {item["kind"]: item for item in audit.report["hosts"]["local"]["findings"]}
+    assert "trainer_down" in found, audit.output
+    data = found["data"]
+    assert data["pid"] is None and data["path"] == str(store)
+    assert data["expected"].endswith(f"(sha256 {made['content_sha256'][:12]})")
+    assert data["found"].startswith(f"the store at {store} changed on disk: tokens.i32 holds 0")
+    assert data["hint"].startswith(f"the trainer is down (backoff), and its next start reads what "
+                                   f"lies at {store} now")  # fmt: skip

@@ -187,3 +187,37 @@ def test_a_status_json_data_summary_is_what_verify_reads(tmp_path):
     assert summary["kind"] == "store" and summary["path"] == str(tmp_path / "store")
     assert summary["content_sha256"] == made["content_sha256"]
     assert changed_under(summary, read_data(summary["path"])) is None
+
+
+def test_verify_names_the_data_of_a_run_whose_trainer_is_down(tmp_path):
+    """A store truncated in place ends its trainer (its pages are mapped) and every start after:
+    with no trainer process, the recorded run's last status still names the data it read."""
+    made = make_store(tmp_path / "store")
+    data = reported("store", tmp_path / "store", content_sha256=made["content_sha256"])
+    tokens = tmp_path / "store" / "tokens.i32"
+    os.truncate(tokens, 0)
+    # The supervisor wrote `failed` into the dead trainer's status and waits out a back-off;
+    # its own process is one of the run's.
+    down = {"run_id": "r1", "state": "failed", "data": data}
+    facts = {
+        "current": {"release": "v1"},
+        "trainers": {
+            "processes": [{"pid": 9, "run_id": "r1", "status": down}],
+            "supervisor": {"state": "backoff"},
+            "down_status": down,
+        },
+        "data": {str(tmp_path / "store"): read_data(str(tmp_path / "store"))},
+    }
+    (found,) = data_findings(facts)  # the run once, as down
+    assert found["pid"] is None and found["path"] == str(tmp_path / "store")
+    assert found["found"].startswith(
+        f"the store at {tmp_path / 'store'} changed on disk: tokens.i32 holds 0 bytes"
+    )
+    assert found["hint"].startswith(
+        f"the trainer is down (backoff), and its next start reads what lies at "
+        f"{tmp_path / 'store'} now: prepare it again"
+    )
+    assert found["hint"].endswith("ansible-playbook rollback.yml -e dflash_release=v1")
+    # No process of the run at all: judged the same.
+    facts["trainers"]["processes"] = []
+    assert [f["pid"] for f in data_findings(facts)] == [None]
