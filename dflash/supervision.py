@@ -109,6 +109,8 @@ class RunRecord:
         attempt.update(ended=time.time(), exit=code, end_reason=reason)
         if reason != "hung":  # what a hung trainer did once continued for its dump: not counted
             self.observe(read_status(self.status_path))
+        else:  # ... but a checkpoint it wrote then is kept work: the restart resumes from it
+            self.keep_dump_window_checkpoint(read_status(self.status_path))
         if reason in ("crash", "hung"):
             self.mark_failed(attempt, code, "hung" if reason == "hung" else how_ended(code))
         self.finish_restart_line(attempt)
@@ -129,6 +131,18 @@ class RunRecord:
         attempt["checkpoint_step"] = saved.get("step") or 0
         attempt["checkpoint_at"] = saved.get("at")  # only a checkpoint this attempt saved
         self.finish_restart_line(attempt)
+
+    def keep_dump_window_checkpoint(self, status: dict[str, Any]) -> None:
+        """A hung trainer continued for its stack dump may finish its step and save a checkpoint
+        before the kill: the steps up to it were not lost (goodput clamps it to the last step
+        seen before the hang, so the hang's own time stays the hang's)."""
+        attempt = self.attempts[-1]
+        saved = status.get("checkpoint") or {}
+        if status.get("attempt", 0) != attempt["attempt"] or not saved.get("at"):
+            return
+        if (saved.get("step") or 0) > (attempt.get("checkpoint_step") or 0):
+            attempt["checkpoint_step"] = saved["step"]
+            attempt["checkpoint_at"] = saved["at"]
 
     def mark_failed(self, attempt: dict[str, Any], code: int, how: str) -> None:
         """A trainer killed, hung, or dead before it wrote status.json (an import error) could

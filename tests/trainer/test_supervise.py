@@ -315,6 +315,37 @@ def test_goodput_buckets_follow_the_attempts():
     assert result["ratio"] == pytest.approx(94 / 210, abs=1e-4)
 
 
+def test_a_checkpoint_saved_in_the_hang_dump_window_is_kept_work(tmp_path):
+    """A hung trainer is continued for its stack dump and may finish its step and save a
+    checkpoint before the kill (seen: step 590 saved in the 3 s window, the restart line said
+    580, goodput counted 15.5 s lost). The record, on its real files, keeps that checkpoint:
+    nothing lost, the hang's own time still the hang's."""
+    from dflash.supervisor_files import utc_text, write_atomic
+
+    record = RunRecord(Policy(5, 3600, 1, 60, 4), tmp_path, "r1", tmp_path / "checkpoints")
+    record.run_dir.mkdir(parents=True)
+    attempt = record.begin()
+    t0 = attempt["started"] = time.time() - 50  # started 50 s ago; killed now
+    seen = {"run_id": "r1", "attempt": 0, "state": "running", "step": 589,
+            "first_step_at": utc_text(t0 + 10), "last_step_at": utc_text(t0 + 40),
+            "checkpoint": {"step": 580, "at": utc_text(t0 + 25)}}  # fmt: skip
+    write_atomic(record.status_path, seen)
+    record.observe(read_status(record.status_path))
+    # The dump window: continued, it finished step 590 and saved it, then was killed.
+    saved = {"step": 590, "at": utc_text(t0 + 46)}
+    dump_window = {**seen, "step": 590, "last_step_at": utc_text(t0 + 46), "checkpoint": saved}
+    write_atomic(record.status_path, dump_window)
+    record.end(-9, "hung")
+    ended = record.attempts[0]
+    assert ended["checkpoint_step"] == 590
+    assert ended["last_step_at"] == utc_text(t0 + 40)  # the hang counts from the last step seen
+    buckets = attempt_buckets(ended, now=ended["ended"])
+    assert buckets["lost"] == 0
+    assert buckets["hang"] == pytest.approx(ended["ended"] - (t0 + 40), abs=1.0)
+    restart = record.note_restart(-9, "hung")
+    assert (restart["checkpoint_step"], restart["steps_lost"]) == (590, 0)
+
+
 def test_a_trainer_that_cannot_even_be_started_is_a_crash_loop_too(tmp_path):
     """Its interpreter removed by hand: every start fails at once; the supervisor lives on."""
     root = tmp_path / "root"
