@@ -107,7 +107,10 @@ def playbook(root: Path, inv: Path, name: str, rows: list, step: str, **extra: A
     env = dict(
         os.environ,
         ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_CALLBACK_PLUGINS=str(REPO / "bench" / "callback_plugins"),
+        # Added to ansible.cfg's folder, not in its place: the stdout callback lives there.
+        ANSIBLE_CALLBACK_PLUGINS=os.pathsep.join(
+            [str(REPO / "bench" / "callback_plugins"), str(REPO / "callback_plugins")]
+        ),
         ANSIBLE_CALLBACKS_ENABLED="dflash_role_times",
         DFLASH_ROLE_TIMES=str(times),
         ANSIBLE_NOCOLOR="1",
