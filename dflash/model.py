@@ -46,9 +46,13 @@ class DrafterConfig:
         cls, config: Any, num_layers: int, num_features: int, block_size: int, mask_token_id: int
     ) -> DrafterConfig:
         """Take the target's width, heads and RoPE from a Hugging Face config."""
+        # transformers 5 says it in `rope_parameters`; 4.x in `rope_scaling` (`type` before
+        # 4.45, `rope_type` after), with `rope_theta` beside it: a scaling missed here would
+        # train the drafter with plain RoPE under a YaRN target.
         rope = getattr(config, "rope_parameters", None) or {}
-        rope_type = rope.get("rope_type", "default")
-        if rope_type != "default":
+        scaling = getattr(config, "rope_scaling", None) or {}
+        rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type")
+        if (rope_type or "default") != "default":
             raise ValueError(f"target RoPE type {rope_type!r} is not supported (only 'default')")
         heads = config.num_attention_heads
         return cls(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -105,3 +108,24 @@ def test_compiled_target_layers_give_the_same_features_from_one_graph():
     target.forward(ids[:, :7], logits=True)
     target.greedy(ids[:, :5], new_tokens=3)
     assert counters["stats"]["unique_graphs"] - graphs == 1
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}},
+        # transformers 4.x: the scaling beside rope_theta, named `rope_type` or (before 4.45) `type`
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}, "rope_theta": 1e6},
+        {"rope_scaling": {"type": "yarn", "factor": 4.0}, "rope_theta": 1e6},
+    ],
+)
+def test_a_scaled_target_rope_is_refused_in_either_transformers_form(tiny_target, fields):
+    """A YaRN target's scaling, as transformers 5 or 4.x writes it, is refused by name: the
+    drafter would otherwise train with plain RoPE while the references apply YaRN."""
+    config = dict(tiny_target.config.to_dict(), rope_parameters=None, rope_scaling=None)
+    target = SimpleNamespace(**{**config, **fields})
+    with pytest.raises(ValueError, match="target RoPE type 'yarn' is not supported"):
+        DrafterConfig.from_target(target, 2, 5, 8, tiny_target.mask_token_id)
+    # A 4.x config without scaling takes its rope_theta beside it.
+    plain = SimpleNamespace(**{**config, "rope_theta": 1e6})
+    assert DrafterConfig.from_target(plain, 2, 5, 8, tiny_target.mask_token_id).rope_theta == 1e6
