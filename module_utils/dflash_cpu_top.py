@@ -6,6 +6,11 @@ from __future__ import annotations
 import os
 import time
 
+try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
+    from ansible.module_utils.dflash_procs import ancestors
+except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
+    from dflash_procs import ancestors
+
 SAMPLE_S = 1.0  # long enough for a busy process to show, short beside a verify run
 SHOWN = 5  # the top consumers named
 NOTICED = 0.05  # of one CPU: less is the noise of idle daemons
@@ -47,14 +52,6 @@ def _below(roots: set[int], parents: dict[int, int]) -> set[int]:
     return found
 
 
-def _ancestors(parents: dict[int, int]) -> set[int]:
-    chain, pid = set(), os.getpid()
-    while pid > 1 and pid not in chain:
-        chain.add(pid)
-        pid = parents.get(pid, 1)
-    return chain
-
-
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
@@ -75,7 +72,7 @@ def cpu_consumers(trainer_pids: set[int], seconds: float = SAMPLE_S) -> dict:
     elapsed = time.monotonic() - began
     ticks = os.sysconf("SC_CLK_TCK")
     parents = {pid: stat[1] for pid, stat in after.items()}
-    skip = _below(trainer_pids, parents) | _ancestors(parents)
+    skip = _below(trainer_pids, parents) | ancestors()
     rows, total = [], 0.0
     for pid, (name, _, started, used) in after.items():
         if pid in skip:

@@ -23,7 +23,7 @@ def _read(path: str) -> bytes | None:
         return None
 
 
-def _ancestors() -> set[int]:
+def ancestors() -> set[int]:
     """This process and its parents: never ours to stop."""
     pids, pid = set(), os.getpid()
     while pid > 1 and pid not in pids:
@@ -74,7 +74,7 @@ def is_trainer_of(info: dict, root: str) -> bool:
 
 
 def find_trainers(root: str) -> list[dict]:
-    skip = _ancestors()
+    skip = ancestors()
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) in skip:

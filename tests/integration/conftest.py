@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -49,6 +50,15 @@ def read_json(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def is_trainer(pid: int, root: Path) -> bool:
+    """A process of the root's trainer: run.sh's environment marks it with DFLASH_ROOT."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"DFLASH_ROOT={os.path.realpath(root)}".encode() in environ.split(b"\0")
 
 
 def alive(pid: int) -> bool:

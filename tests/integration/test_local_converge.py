@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, playbook_command, playbook_env
-from tests.integration.conftest import TRAINER_ARGS, add_release, alive, read_json, status_of
+from tests.integration.conftest import (
+    TRAINER_ARGS,
+    add_release,
+    alive,
+    is_trainer,
+    read_json,
+    status_of,
+)
 
 # A health wait long enough for a kill to land inside it: 12 steps of at least 0.25 s, with
 # status.json rewritten every 0.5 s, so the test sees the trainer running and not yet proven.
@@ -29,16 +36,25 @@ def history(root: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (the playbook's workers and the modules they run)."""
-    children: dict[int, list[int]] = {}
+def process_table() -> dict[int, tuple[int, int]]:
+    """Every live process's parent and process group, from /proc."""
+    table = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
                 stat = Path(f"/proc/{name}/stat").read_text()
             except OSError:
                 continue
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(name))
+            fields = stat.rsplit(")", 1)[1].split()
+            table[int(name)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (the playbook's workers and the modules they run)."""
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in process_table().items():
+        children.setdefault(parent, []).append(child)
     found, todo = set(), [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -47,27 +63,10 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def is_trainer(pid: int, root: Path) -> bool:
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return False
-    return f"DFLASH_ROOT={os.path.realpath(root)}".encode() in environ.split(b"\0")
-
-
 def group_members(pgid: int) -> set[int]:
     """Every live process of the process group `pgid` (a worker forked or a module started after
     the kill's snapshot of the tree still belongs to the playbook's group)."""
-    members = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
-                members.add(int(name))
-    return members
+    return {pid for pid, (_, group) in process_table().items() if group == pgid}
 
 
 def orphans(pids: set[int], root: Path, group: int | None = None) -> list[int]:

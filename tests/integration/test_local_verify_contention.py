@@ -18,7 +18,7 @@ from pathlib import Path
 from dflash_contention import wait_shares
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.conftest import TRAINER_ARGS, status_of
+from tests.integration.conftest import TRAINER_ARGS, is_trainer, status_of
 
 MAX_WAIT = 0.25
 # Short windows (5 steps), no idle between steps: a trainer that sleeps between steps wins
@@ -38,15 +38,12 @@ BUSY = (
 
 
 def trainer_threads(root: Path) -> list[int]:
-    """Every thread of every process of the root's trainer (run.sh's DFLASH_ROOT marks them)."""
-    marker = f"DFLASH_ROOT={os.path.realpath(root)}".encode()
+    """Every thread of every process of the root's trainer."""
     found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        if is_trainer(pid, root):
+            with contextlib.suppress(OSError):
                 found += [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-        except OSError:
-            continue
     return found
 
 
