@@ -60,3 +60,36 @@ def last_error(log: Path, since: int) -> str | None:
         return None
     found = [line.strip() for line in text.splitlines() if ERROR_LINE.match(line.strip())]
     return found[-1][:500] if found else None
+
+
+# faulthandler's frame line: `  File "/path", line 12 in call`.
+FRAME_LINE = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def compiled_entry(log: Path, since: int, cache: Path | None) -> str | None:
+    """The compile cache entry a crash in native code ran in: of faulthandler's last dump
+    (`Fatal Python error: ...`, then every thread's stack, the crashing one's headed `Current
+    thread`, innermost frame first), the innermost frame of the crashing thread in a file of
+    `cache` (Inductor's wrapper module of the compiled graph, which called the kernel), as
+    `<path in the cache>, line N in <function>`; None when the crash was elsewhere."""
+    if cache is None:
+        return None
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(since, log_size(log) - TAIL_BYTES))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return None
+    at = text.rfind("Fatal Python error: ")
+    if at < 0:
+        return None
+    folder = str(cache).rstrip("/") + "/"
+    crashing = False
+    for line in text[at:].splitlines()[1:]:
+        if line.startswith(("Current thread ", "Stack (most recent call first)")):
+            crashing = True
+        elif crashing and not line.strip():  # the crashing thread's stack ends
+            break
+        elif crashing and (frame := FRAME_LINE.match(line)) and frame["path"].startswith(folder):
+            return f"{frame['path'][len(folder) :]}, line {frame['line']} in {frame['func']}"
+    return None

@@ -12,6 +12,9 @@ Starts COMMAND (the trainer, or torchrun with its workers) and watches it:
   says so: a warm start whose first steps gave NaN, dflash.compile_watch): the cache folder is
   moved aside (<folder>.failed-<UTC time>, FAILED.json inside) and the trainer restarts at once,
   with no back-off, to compile anew; it counts as a restart like any other;
+- before every start, the compile cache's files are checked against the hashes recorded when
+  they were compiled (dflash.cache_files): a damaged file is moved aside (the restart line's
+  `cache_damaged`), and a crash in compiled code names the entry it ran (`compiled_entry`);
 - it exits 0 (finished, or stopped on purpose): the supervisor ends too. SIGTERM or SIGINT to the
   supervisor (stop.yml, a deploy) ends it without a restart, even during a back-off.
 
@@ -35,6 +38,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from dflash.cache_files import repair
+from dflash.compile_watch import cache_dir
 from dflash.goodput import epoch
 from dflash.restart_facts import checkpoint_dir, release_name
 from dflash.stopflag import StopFlag
@@ -240,11 +245,38 @@ class Supervisor:
             "trainer restarts at once and compiles anew"
         )
 
+    def check_cache(self) -> None:
+        """Before every start: the compile cache's files that differ from the hashes recorded
+        when they were compiled are moved aside (the trainer compiles them anew), and files no
+        process recorded (their compiler died first) are recorded (dflash.cache_files)."""
+        folder = self.record.cache
+        if folder is None or not folder.is_dir():
+            return
+        try:
+            found = repair(folder, f"the supervisor of run {self.record.run_id}")
+        except OSError as exc:  # a full disk: the start goes ahead on the cache as it is
+            log(f"cannot check the compile cache {folder}: {exc.strerror or exc}")
+            return
+        damaged = found["damaged"]
+        if not damaged:
+            return
+        named = ", ".join(damaged[:5]) + (", ..." if len(damaged) > 5 else "")
+        log(
+            f"the compile cache {folder}: {len(damaged)} file(s) differ from the hashes recorded "
+            f"when they were compiled ({named}): moved aside to {found['moved_aside']}; the "
+            "trainer compiles them anew"
+        )
+        restart = self.record.pending_restart()
+        if restart is not None:
+            restart["cache_damaged"] = damaged
+            restart["cache_moved_aside"] = found["moved_aside"]
+
     def run(self) -> int:
         record, policy = self.record, self.policy
         log(f"{' '.join(self.command[:3])}...: restarts {asdict(policy)}")
         code = 0
         while not self.stop.is_set():
+            self.check_cache()
             proc = self.start()
             record.save()
             code, reason = (127, "crash") if proc is None else self.supervise_one(proc)
@@ -297,8 +329,9 @@ class Supervisor:
 def main(argv: Sequence[str] | None = None) -> int:
     policy, root, run_id, command = parse(sys.argv[1:] if argv is None else argv)
     record = RunRecord(
-        policy, root, run_id, checkpoints=checkpoint_dir(command), release=release_name()
-    )
+        policy, root, run_id, checkpoints=checkpoint_dir(command), release=release_name(),
+        cache=cache_dir(),
+    )  # fmt: skip
     return Supervisor(policy, record, command).run()
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from dflash.checkpoint_names import newest_step
 from dflash.goodput import epoch, goodput
-from dflash.restart_facts import last_error, log_size
+from dflash.restart_facts import compiled_entry, last_error, log_size
 from dflash.supervisor_files import append_line, log, read_status, utc_text, write_atomic
 
 SUPERVISOR_FILE = "supervisor.json"
@@ -31,7 +31,7 @@ HANG_STEPS = 10  # ... nor shorter than this many median steps
 RESTART_FIELDS = (
     "reason", "exit", "step", "checkpoint_step", "steps_lost", "down_s",
     "time_to_first_step_s", "resumed_from_step", "restarts_in_window", "error",
-    "cache_moved_aside",
+    "compiled_entry", "cache_damaged", "cache_moved_aside",
 )  # fmt: skip
 # The exit code of a trainer whose compile cache failed its canary (dflash.compile_watch), and
 # of a warmup whose compiled step disagrees with the eager one: the cache is suspect.
@@ -76,6 +76,7 @@ class RunRecord:
         run_id: str,
         checkpoints: Path | None = None,
         release: str | None = None,
+        cache: Path | None = None,
     ) -> None:
         self.policy = policy
         self.root = root
@@ -83,6 +84,7 @@ class RunRecord:
         # Read when a restart is recorded: the trainer that ended may not have said them.
         self.checkpoints = checkpoints
         self.release = release
+        self.cache = cache  # the compile cache folder run.sh named (TORCHINDUCTOR_CACHE_DIR)
         self.run_dir = root / "runs" / run_id
         self.status_path = self.run_dir / "status.json"
         self.log_path = self.run_dir / "train.log"
@@ -224,6 +226,7 @@ class RunRecord:
         saved = max(ended.get("checkpoint_step") or 0, on_disk or 0)
         step = max(ended.get("step") or 0, saved)
         error = ended.get("error") or last_error(self.log_path, ended.get("log_at", 0))
+        entry = compiled_entry(self.log_path, ended.get("log_at", 0), self.cache)
         restart = {
             "attempt": len(self.attempts),  # the attempt this restart begins
             "reason": why,
@@ -232,13 +235,21 @@ class RunRecord:
             "checkpoint_step": saved,
             "steps_lost": step - saved,
             "error": error,
+            "compiled_entry": entry,
             "ended_at": ended["ended"],
             "started": time.time(),
         }
         self.restarts.append(restart)
         restart["restarts_in_window"] = self.recent_restarts()
         self.last_error = f"{why}" + (f": {error}" if error else "")
+        if entry:
+            self.last_error += f" (in the compiled code of {entry})"
         return restart
+
+    def pending_restart(self) -> dict[str, Any] | None:
+        """The restart that begins the next attempt, before that attempt starts."""
+        restart = self.restarts[-1] if self.restarts else None
+        return restart if restart and restart["attempt"] == len(self.attempts) else None
 
     # -- the loop -------------------------------------------------------------------------
     @staticmethod

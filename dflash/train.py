@@ -31,8 +31,10 @@ from dflash.cluster import Cluster, job_fields, torchrun_rank
 from dflash.compile_watch import CacheSuspect, CacheWatch
 from dflash.config import TrainConfig
 from dflash.cpu_wait import ThreadClock, unstarved_seconds
+from dflash.eager_reference import compare_first_step
 from dflash.errors import ConfigError
 from dflash.flags import train_parser
+from dflash.pipeline import FeatureBatch
 from dflash.provenance import code_tree_sha256, header_lines
 from dflash.resume import resume, resume_order, save_checkpoint
 from dflash.stages import StageWindow, stage_text
@@ -40,6 +42,7 @@ from dflash.status import StatusFile, print_line, utc_now
 from dflash.stopflag import StopFlag
 from dflash.supervision import CACHE_SUSPECT_EXIT
 from dflash.topology import Layout, plan_layout, resolve_roles
+from dflash.trainer import Trainer
 
 # status.json is written at each of a process's first steps (later, the heartbeat's every few
 # seconds): a deploy's health check waits on them (dflash_health_steps, 5 by default) and
@@ -158,6 +161,18 @@ class Throughput:
         return {"steps": len(self.steps), "size": self.steps.maxlen}
 
 
+def eager_check(cache: CacheWatch, trainer: Trainer) -> Callable[[FeatureBatch, int], None] | None:
+    """The canary's comparison of a warm start's first step with the eager one, where the
+    drafter's layers are compiled (without --compile-drafter both would run the same code)."""
+    if not cache.canary.wants_reference() or trainer.step_fn.layers is None:
+        return None
+
+    def check(batch: FeatureBatch, seed: int) -> None:
+        cache.canary.reference = compare_first_step(trainer.step_fn, batch, seed)
+
+    return check
+
+
 def train(
     config: TrainConfig, cluster: Cluster, status: StatusFile, stop: StopRequest, cache: CacheWatch
 ) -> int:
@@ -180,7 +195,11 @@ def train(
         trainer.source.credit(not done)
         if done:
             break
-        result = trainer.train_step()
+        first = throughput.count == 0
+        result = trainer.train_step(eager_check(cache, trainer) if first else None)
+        # Every drafter rank, armed or not, learns whether any rank's first step disagreed.
+        if first and cluster.agree_to_stop(cache.canary.reference_failed()):
+            cache.canary.failed_elsewhere()
         loss, num_tokens = cluster.step_totals(result.loss, result.num_tokens)
         cache.step_done(result.step, loss, result.grad_norm)  # a warm start's canary may raise
         if not math.isfinite(loss):
@@ -218,11 +237,13 @@ def train(
         if result.step % config.checkpoint_every == 0:
             saved = save_checkpoint(trainer, config, status, "running", log)
             saved_step = trainer.step if saved else saved_step  # unsaved: the shutdown tries
+            cache.record_files()  # a graph compiled since (an eval's, a new shape) gets its hashes
         if config.sleep_per_step:
             stop.event.wait(config.sleep_per_step)
 
     # Shutdown: the lead saves the last step (unless that was just done) and says why it stopped.
     trainer.source.close()
+    cache.record_files()
     if not lead:
         status.write(state="stopped")  # another node's status.json; the lead checkpoints
         return 0
@@ -252,6 +273,10 @@ def serve(config: TrainConfig, cluster: Cluster) -> int:
 def main(argv: list[str] | None = None) -> int:
     # SIGUSR1 writes every thread's Python stack to the log: the supervisor's dump of a hang.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # A crash in native code (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) writes the Python
+    # stacks too before the process dies of it: the supervisor names the compiled cache entry
+    # the crash ran in (dflash.restart_facts).
+    faulthandler.enable(all_threads=True)
     code_tree_sha256()  # hash the code first: that is the code this process holds
     # Before anything compiles (no rank compiles before every rank has joined `Cluster`).
     cache = CacheWatch.at_start()

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from dflash.model import Drafter
-from dflash.pipeline import FeatureSource
+from dflash.pipeline import FeatureBatch, FeatureSource
 from dflash.stages import Clock
 from dflash.step import DrafterStep
 
@@ -67,13 +68,18 @@ class Trainer:
         self.step = 0
         self.tokens = 0
 
-    def train_step(self) -> StepResult:
+    def train_step(self, check: Callable[[FeatureBatch, int], None] | None = None) -> StepResult:
+        """One optimizer step; `check` first sees its batch and anchor seed (the canary's
+        comparison with the eager step, dflash.eager_reference)."""
         lr = lr_at(self.step, self.base_lr, self.max_steps, self.warmup_ratio)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         batch = self.source.next()
         ready = self.clock.mark()
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
+        seed = self.seed * 1_000_003 + self.step
+        if check is not None:
+            check(batch, seed)
+        generator = torch.Generator().manual_seed(seed)
         loss = self.step_fn.loss(batch, generator)
         forward = self.clock.mark()
         self.optimizer.zero_grad(set_to_none=True)

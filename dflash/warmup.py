@@ -28,16 +28,15 @@ uncompiled, with the same weights, batch and anchor seed, and the two must agree
   (Qwen3-8B width, 2 layers) and 2.0e-2 (the Qwen3-8B drafter shape, 28 GiB at peak); the
   gradient error grows with depth, so the bound leaves 2.5x at that shape.
 A device whose canary fails is reported like the others; then the warmup exits with
-CACHE_SUSPECT_EXIT (3): the cache it loaded or filled is suspect.
+CACHE_SUSPECT_EXIT (3): the cache it loaded or filled is suspect. A warmup whose canaries all
+passed records the hashes of the files it compiled (dflash.cache_files).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -46,7 +45,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dflash.cache_files import record
+from dflash.compile_watch import cache_dir
 from dflash.config import StepConfig
+from dflash.eager_reference import (
+    TOLERANCE,
+    canary,
+    json_number,
+    relative_error,
+    run_step,
+    synchronize,
+    uncompiled,
+)
 from dflash.errors import ConfigError
 from dflash.flags import add_drafter_args, add_shape_args, positive_int
 from dflash.options import build_drafter, drafter_config, fixed_rows, gamma
@@ -55,9 +65,6 @@ from dflash.step import DrafterStep
 from dflash.supervision import CACHE_SUSPECT_EXIT
 from dflash.target import Target, load_target_config, random_model
 from dflash.topology import parse_gpu_list, require_gpus
-
-# The canary's bounds by device type: (relative loss error, relative L2 error of the gradients).
-TOLERANCE = {"cpu": (1e-3, 1e-3), "cuda": (1e-3, 5e-2)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,63 +88,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_drafter_args(parser)
     add_shape_args(parser)
     return parser
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@dataclasses.dataclass
-class StepRun:
-    loss: float
-    grads: Tensor  # every trainable gradient, flattened, in fp32
-    seconds: float  # forward and backward
-
-
-def run_step(step: DrafterStep, batch: FeatureBatch, seed: int) -> StepRun:
-    """One forward and backward from zeroed gradients, timed."""
-    step.drafter.zero_grad(set_to_none=True)
-    start = time.perf_counter()
-    loss = step.loss(batch, torch.Generator().manual_seed(seed))
-    loss.backward()
-    synchronize(step.device)
-    seconds = time.perf_counter() - start
-    grads = torch.cat([p.grad.flatten().float() for p in step.drafter.parameters()])
-    return StepRun(loss.item(), grads, seconds)
-
-
-def uncompiled(step: DrafterStep) -> DrafterStep:
-    """The same step without torch.compile of the drafter, on the same anchors (static shapes)."""
-    return DrafterStep(
-        step.drafter, step.gamma, step.num_anchors, compile=False, static=step.static_shapes
-    )
-
-
-def json_number(value: float) -> float | str:
-    """NaN and infinity as text ("nan"): JSON has no such numbers."""
-    return value if math.isfinite(value) else str(value)
-
-
-def relative_error(got: Tensor, want: Tensor) -> float:
-    """Relative L2 error of `got` against `want`, in fp32 (NaN where either holds one)."""
-    diff = torch.linalg.vector_norm((got - want).float())
-    return (diff / torch.linalg.vector_norm(want.float()).clamp_min(1e-12)).item()
-
-
-def canary(compiled: StepRun, eager: StepRun, device: torch.device) -> dict[str, Any]:
-    """The JSON line's `canary`: do the compiled and the eager step agree (NaN never does)?"""
-    loss_bound, grad_bound = TOLERANCE[device.type]
-    loss_err = abs(compiled.loss - eager.loss) / max(abs(eager.loss), 1e-12)
-    grad_err = relative_error(compiled.grads, eager.grads)
-    return {
-        "ok": loss_err <= loss_bound and grad_err <= grad_bound,
-        "loss_compiled": json_number(compiled.loss),
-        "loss_eager": json_number(eager.loss),
-        "loss_rel_err": json_number(loss_err),
-        "grad_rel_err": json_number(grad_err),
-        "tolerance": {"loss_rel_err": loss_bound, "grad_rel_err": grad_bound},
-    }
 
 
 def stand_in(vocab: int, hidden: int, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -256,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = [line for line in lines if not healthy(line)]
     for line in failed:
         print(suspect(line), file=sys.stderr)
+    folder = cache_dir()
+    if folder is not None and not failed:  # what it compiled, as it wrote it (dflash.cache_files)
+        record(folder)
     return CACHE_SUSPECT_EXIT if failed else 0
 
 
