@@ -37,11 +37,17 @@ def first_host_with(hosts: list[str], hostvars: dict, name: str, value: str) -> 
 
 
 def cache_record(
-    mode: str, cache_dir: str, warmup: dict | None, received: dict | None, warmed: bool
+    mode: str,
+    cache_dir: str,
+    warmup: dict | None,
+    received: dict | None,
+    warmed: bool,
+    prepared: dict | None = None,
 ) -> dict:
     """history.jsonl's `compile_cache` of a deployment: its folder, what this deploy did with it
     (`compiled` here, `received` the controller's copy, `warm` already, or the keep/clear
-    asked for), and where a cache that failed its canary during the warmup was moved."""
+    asked for), and where files that differ from their recorded hashes were moved (prepare)
+    and a cache that failed its canary during the warmup was moved."""
     if warmed:
         did = "compiled"
     elif (received or {}).get("changed"):
@@ -50,7 +56,9 @@ def cache_record(
         did = "warm"
     else:
         did = {"keep": "kept", "clear": "cleared"}.get(mode, mode)
-    moved = [r["moved_aside"] for r in (warmup or {}).get("results", []) if r.get("moved_aside")]
+    moved = [(prepared or {}).get("moved_aside")]
+    moved += [r.get("moved_aside") for r in (warmup or {}).get("results", [])]
+    moved = [folder for folder in moved if folder]
     return {"dir": cache_dir, "did": did, "moved_aside": moved}
 
 

@@ -51,14 +51,17 @@ def trainer_summary(facts: dict) -> dict | None:
 
 def compile_cache_view(facts: dict) -> dict | None:
     """The compile cache the judged trainer runs on, as its status.json says (fingerprint,
-    warm or cold start, first step, hits and misses, canary), and the caches set aside under
-    the root after a failed canary, newest first; None when there is neither."""
+    warm or cold start, first step, hits and misses, canary), its files against their recorded
+    hashes, and the caches or files set aside under the root, newest first; None when there is
+    none of these."""
     found = judged_trainer(facts)
     running = (found[1] if found else {}).get("compile_cache")
-    aside = (facts.get("cache") or {}).get("moved_aside") or []
-    if not running and not aside:
+    cache = facts.get("cache") or {}
+    aside = cache.get("moved_aside") or []
+    hashes = cache.get("hashes")
+    if not running and not aside and not hashes:
         return None
-    return {**(running or {}), "moved_aside": aside}
+    return {**(running or {}), "moved_aside": aside, "hashes": hashes}
 
 
 def compile_cache_line(view: dict | None) -> str | None:
@@ -80,11 +83,19 @@ def compile_cache_line(view: dict | None) -> str | None:
             f"first step {'-' if first is None else f'{first:g} s'}, {view.get('hits', 0)} hits / "
             f"{view.get('misses', 0)} misses, {verdict}"
         )
+    hashes = view.get("hashes") or {}
+    if "checked" in hashes:
+        damaged = len(hashes["damaged"])
+        parts.append(
+            f"{hashes['checked'] - damaged} of {hashes['checked']} files as compiled"
+            + (f", {damaged} DAMAGED" if damaged else "")
+            + (f", {len(hashes['unrecorded'])} not yet hashed" if hashes["unrecorded"] else "")
+        )
     aside = view.get("moved_aside") or []
     if aside:
         newest = aside[0]
         parts.append(
-            f"{len(aside)} set aside after a failed canary, newest {newest['name']}"
+            f"{len(aside)} set aside, newest {newest['name']}"
             + (f" ({newest['reason']})" if newest.get("reason") else "")
         )
     return "compile cache: " + "; ".join(parts)

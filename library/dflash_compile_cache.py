@@ -15,8 +15,11 @@ description:
     torch, Triton and CUDA of the env lock, the GPU model and driver, and the hash of the files
     the release's compiled step is traced from (C(dflash/compiled.py)).
   - C(state=prepared) removes the cache first when I(clear) is set (with I(clear_all), the
-    caches of every fingerprint), creates the folder when missing, and answers whether a
-    warmup must run (I(wanted) differs from the marker C(built-by.json)).
+    caches of every fingerprint), creates the folder when missing, moves aside the files that
+    differ from the hashes recorded when they were compiled (with I(code_dir), by the release's
+    C(python -m dflash.cache_files repair); to C(<cache_dir>.failed-<UTC time>)), and answers
+    whether a warmup must run (I(wanted) differs from the marker C(built-by.json), or files
+    were moved aside).
   - C(state=recorded) writes the marker after a warmup, whole or not at all.
   - C(state=packed) writes the cache (entries and marker, no temp or lock files) into
     I(archive), whole or not at all, for the other hosts of the same fingerprint.
@@ -54,6 +57,12 @@ options:
   archive:
     description: The archive C(state=packed) writes and C(state=unpacked) reads, on the target.
     type: path
+  code_dir:
+    description:
+      - The release being deployed, whose C(dflash/cache_files.py) checks the cache's files
+        against their recorded hashes (C(state=prepared)); a release without it, or none
+        given, checks nothing.
+    type: path
 attributes:
   check_mode:
     support: full
@@ -76,6 +85,12 @@ done:
   type: list
   elements: str
   returned: always
+moved_aside:
+  description:
+    - Where the files that differ from their recorded hashes went (C(state=prepared));
+      null when none did.
+  type: str
+  returned: state=prepared
 warm_needed:
   description: Whether the marker does not record I(wanted) (state=prepared with wanted).
   type: bool
@@ -95,7 +110,7 @@ import tarfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_cache_share import pack, refusal, unpack
-from ansible.module_utils.dflash_compile_cache import mark, prepare, warm_needed
+from ansible.module_utils.dflash_compile_cache import mark, prepare, repair, warm_needed
 from ansible.module_utils.dflash_lockfile import LockError, held
 from ansible.module_utils.dflash_release import sha256_file
 from ansible.module_utils.dflash_state import CACHE
@@ -140,12 +155,18 @@ def run(module: AnsibleModule) -> dict:
             with held(root, params["token"], "deploy", "compile cache"):
                 mark(cache_dir, params["wanted"])
         return {"changed": True, "done": [f"recorded what built {cache_dir}"]}
-    clear, clear_all = params["clear"], params["clear_all"]
+    clear, clear_all, code_dir = params["clear"], params["clear_all"], params["code_dir"]
+    aside = None
     done = prepare(root, cache_dir, clear, clear_all, dry_run=True)
+    if code_dir:
+        done += repair(code_dir, cache_dir, dry_run=True)[0]
     if done and not module.check_mode:
         with held(root, params["token"], "deploy", "compile cache"):
             done = prepare(root, cache_dir, clear, clear_all, dry_run=False)
-    result: dict = {"changed": bool(done), "done": done}
+            if code_dir:
+                repaired, aside = repair(code_dir, cache_dir, dry_run=False)
+                done += repaired
+    result: dict = {"changed": bool(done), "done": done, "moved_aside": aside}
     if params["wanted"] is not None:
         result["warm_needed"] = bool(done) or warm_needed(cache_dir, params["wanted"])
     return result
@@ -165,6 +186,7 @@ def main() -> None:
             "clear_all": {"type": "bool", "default": False},
             "wanted": {"type": "dict"},
             "archive": {"type": "path"},
+            "code_dir": {"type": "path"},
             "token": {"type": "str", "no_log": False},
         },
         required_if=[

@@ -11,6 +11,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
@@ -32,6 +34,10 @@ FAILED_INFIX = ".failed-"
 CACHE_SUSPECT_EXIT = 3
 # The release's list of the files its compiled code is keyed by (dflash/compiled.py: FILES).
 COMPILED_LIST = "dflash/compiled.py"
+# The hashes of a cache's files are the trainer's (dflash/cache_files.py writes and checks
+# hashes.json): the toolkit runs that module of the release, with the target's own Python (it
+# needs the standard library only), never a copy of its rules.
+HASHES_MODULE = "dflash/cache_files.py"
 
 
 class CompiledListError(ValueError):
@@ -99,9 +105,28 @@ def folder(root: str, built_by: dict) -> str:
     return os.path.join(root, CACHE, fingerprint(built_by))
 
 
+def cache_files(code_dir: str, cache_dir: str, action: str, by: str) -> dict | None:
+    """`python -m dflash.cache_files <action> <cache_dir>` of the release in `code_dir`
+    (`check`, or `repair`: damaged files moved aside): its JSON answer; None when that release
+    predates hashes or the folder is missing; {error} when it could not run."""
+    if not os.path.isfile(os.path.join(code_dir, HASHES_MODULE)) or not os.path.isdir(cache_dir):
+        return None
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    env.update(PYTHONPATH=code_dir, PYTHONDONTWRITEBYTECODE="1")
+    command = [sys.executable, "-m", "dflash.cache_files", action, "--by", by, cache_dir]
+    ran = subprocess.run(
+        command, cwd=code_dir, env=env, capture_output=True, text=True, timeout=900, check=False
+    )
+    try:
+        return json.loads(ran.stdout)
+    except ValueError:
+        return {"error": (ran.stderr or ran.stdout).strip()[-500:] or f"exit {ran.returncode}"}
+
+
 def read(root: str, cache_dir: str | None) -> dict | None:
-    """The cache folder a deployment uses: whether it exists, its marker, and every cache
-    folder under the root; None when the deployment names none."""
+    """The cache folder a deployment uses: whether it exists, its marker, every cache folder
+    under the root, and its files against their recorded hashes (checked by the current
+    release); None when the deployment names none."""
     if not cache_dir:
         return None
     parent = os.path.join(root, CACHE)
@@ -112,7 +137,30 @@ def read(root: str, cache_dir: str | None) -> dict | None:
         "built_by": read_json(os.path.join(cache_dir, MARKER)),
         "all": names,
         "moved_aside": moved_aside(parent, names),
+        "hashes": cache_files(os.path.join(root, "current"), cache_dir, "check", "verify"),
     }
+
+
+def repair(code_dir: str, cache_dir: str, dry_run: bool) -> tuple[list[str], str | None]:
+    """A deploy's part: move the files that differ from their recorded hashes aside (with
+    dry_run, say it would): (what was done, one line or none; the folder they went to)."""
+    found = cache_files(code_dir, cache_dir, "check" if dry_run else "repair", "deploy.yml")
+    if not found:
+        return [], None
+    if "error" in found:
+        raise OSError(f"cannot check the hashes of {cache_dir}: {found['error']}")
+    damaged = found["damaged"]
+    if not damaged:
+        return [], None
+    named = ", ".join(damaged[:5]) + (", ..." if len(damaged) > 5 else "")
+    aside = found.get("moved_aside")
+    where = f"aside to {aside}" if aside else "aside"
+    verb = "would move" if dry_run else "moved"
+    line = (
+        f"{verb} {len(damaged)} file(s) of {cache_dir} that differ from the hashes recorded when "
+        f"they were compiled {where} ({named}); the trainer compiles them anew"
+    )
+    return [line], aside
 
 
 def prepare(root: str, cache_dir: str, clear: bool, clear_all: bool, dry_run: bool) -> list[str]:
@@ -175,12 +223,27 @@ def built_for(built_by: dict) -> str:
 
 
 def findings(cache: dict | None, lock: dict, processes: list[dict]) -> list[dict]:
-    """verify's `cache` findings: the deployment's cache folder is gone, its marker says it was
-    built for another identity than its name (a folder copied or moved by hand) or another torch
-    than the lock's, or a running trainer uses another folder."""
+    """verify's `cache` findings: files of the deployment's cache differ from the hashes
+    recorded when they were compiled, the folder is gone, its marker says it was built for
+    another identity than its name (a folder copied or moved by hand) or another torch than the
+    lock's, or a running trainer uses another folder."""
     if not cache:
         return []
     out = []
+    damaged = (cache.get("hashes") or {}).get("damaged")
+    if damaged:
+        named = ", ".join(damaged[:5]) + (", ..." if len(damaged) > 5 else "")
+        out.append(
+            finding(
+                "cache",
+                f"{cache['path']}: its files as compiled (hashes.json)",
+                f"{len(damaged)} file(s) differ from their recorded hashes: {named}",
+                "a damaged compiled file runs as it is (a crash, or wrong numbers): deploy.yml "
+                "moves them aside now, the trainer's supervisor before its next start; the "
+                "trainer compiles them anew",
+                path=cache["path"],
+            )
+        )
     if not cache.get("exists"):
         out.append(
             finding(

@@ -29,7 +29,7 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     }  # fmt: skip
 
 
-def test_warm_fill_noop_and_new_fingerprint(deploy, trainer_repo, target_root):
+def test_warm_fill_noop_and_new_fingerprint(deploy, playbook, trainer_repo, target_root):
     def warm(ref: str):
         return deploy(ref, dflash_launch=False, dflash_compile_cache="warm",
                       dflash_trainer_args=COMPILED)  # fmt: skip
@@ -74,3 +74,31 @@ def test_warm_fill_noop_and_new_fingerprint(deploy, trainer_repo, target_root):
     run_sh = (target_root / "run.sh").read_text()
     [new] = [c for c in caches if c != cache]
     assert f"TORCHINDUCTOR_CACHE_DIR={new}" in run_sh
+
+    # Issue 51: a compiled entry damaged on disk (one the running trainer loaded at its start,
+    # so it runs on; its next start would load the damage). The warmup and the trainer
+    # recorded their files' hashes: verify names it, a plain deploy moves it aside and
+    # compiles it anew, and verify is clean again.
+    hashes = json.loads((new / "hashes.json").read_text())["files"]
+    entry = sorted(path for path in hashes if path.startswith("fxgraph/"))[0]
+    with (new / entry).open("r+b") as handle:
+        handle.seek(hashes[entry]["size"] // 2)
+        handle.write(b"\xff" * 32)
+    audit = playbook("verify.yml")
+    assert audit.rc == 2, audit.output
+    assert f"1 file(s) differ from their recorded hashes: {entry}" in " ".join(audit.output.split())
+    again = deploy(
+        "v3", dflash_compile_cache="warm", dflash_trainer_args=COMPILED,
+        dflash_trainer_env=TRAINER_ENV, dflash_health_timeout=900, _env=SHELL_ENV,
+    )  # fmt: skip
+    assert again.rc == 0, again.output
+    said = " ".join(again.output.split())  # the output wraps long lines
+    assert f"moved 1 file(s) of {new} that differ from the hashes recorded" in said, said
+    [aside] = (target_root / "cache").glob(f"{new.name}.failed-*")
+    assert (aside / entry).is_file()
+    assert (new / entry).is_file(), "the entry was not compiled (or received) anew"
+    [line] = [json.loads(x) for x in (target_root / "history.jsonl").read_text().splitlines()][-1:]
+    assert line["compile_cache"]["moved_aside"] == [str(aside)]
+    clean = playbook("verify.yml")
+    assert clean.rc == 0, clean.output
+    assert "differ from their recorded hashes" not in clean.output

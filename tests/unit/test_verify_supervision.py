@@ -138,7 +138,7 @@ def test_verify_shows_the_cache_the_trainer_runs_on_and_the_caches_set_aside():
     [line] = [x for x in verify_summary_lines(summary) if x.startswith("compile cache:")]
     assert line == (
         "compile cache: 3f2a started warm, first step 24.1 s, 46 hits / 0 misses, canary ok; "
-        "1 set aside after a failed canary, newest 3f2a.failed-20261203T010203Z "
+        "1 set aside, newest 3f2a.failed-20261203T010203Z "
         "(compile cache failed its canary: loss is nan)"
     )
     cold = {**cache, "started_warm": False, "canary": None, "hits": 0, "misses": 3}
@@ -151,6 +151,35 @@ def test_verify_shows_the_cache_the_trainer_runs_on_and_the_caches_set_aside():
     plain = verify_summary(facts(running(1), supervisor()))
     assert plain["compile_cache"] is None
     assert not [x for x in verify_summary_lines(plain) if x.startswith("compile cache:")]
+
+
+def test_files_that_differ_from_their_hashes_are_a_cache_finding_and_shown():
+    """Issue 51: a kernel's .so damaged in the cache, and verify said `canary ok`."""
+    cache = {
+        "dir": "/opt/dflash/cache/3f2a", "fingerprint": "3f2a", "started_warm": True,
+        "first_step_s": 24.1, "hits": 46, "misses": 0, "canary": {"ok": True, "step": 3},
+    }  # fmt: skip
+    found = facts({**running(1), "compile_cache": cache}, supervisor())
+    damaged = ["24/c244b.so", "e4/ce4.py"]
+    found["cache"] = {"path": cache["dir"], "exists": True, "built_by": None, "all": ["3f2a"],
+                      "moved_aside": [], "hashes": {"checked": 50, "damaged": damaged,
+                                                    "unrecorded": [], "gone": []}}  # fmt: skip
+    [item] = dflash_findings(found)
+    assert item["kind"] == "cache" and item["path"] == cache["dir"]
+    assert item["found"] == "2 file(s) differ from their recorded hashes: 24/c244b.so, e4/ce4.py"
+    assert "deploy.yml moves them aside" in item["hint"]
+    [line] = [x for x in verify_summary_lines(verify_summary(found))
+              if x.startswith("compile cache:")]  # fmt: skip
+    assert line.endswith("canary ok; 48 of 50 files as compiled, 2 DAMAGED")
+    # Whole again: no finding, the count shown; a release before hashes shows nothing of them.
+    found["cache"]["hashes"] = {"checked": 50, "damaged": [], "unrecorded": ["ab/c.so"],
+                                "gone": []}  # fmt: skip
+    assert dflash_findings(found) == []
+    [line] = [x for x in verify_summary_lines(verify_summary(found))
+              if x.startswith("compile cache:")]  # fmt: skip
+    assert line.endswith("canary ok; 50 of 50 files as compiled, 1 not yet hashed")
+    found["cache"]["hashes"] = None
+    assert dflash_findings(found) == []
 
 
 def test_a_trainer_in_a_back_off_is_down_not_ok():
