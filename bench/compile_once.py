@@ -27,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_path import REPO, inventory, lock_of_this_python, playbook, target_args
+from leftovers import stopped_at_exit
 
 
 def release_changing(root: Path, name: str, path: str) -> Path:
@@ -118,10 +119,17 @@ def main() -> None:
         else:
             play("h2", "deploy.yml", "(w) restart on the warm cache", dflash_restart=True)
 
-    for name in args.rows:
-        run_row(name)
-    for host in ("h1", "h2"):
-        stopped(host)
+    at_exit = {
+        root / host / "state": lambda host=host: play(
+            host, "playbooks/stop.yml", f"stop {host} (at exit)", dflash_compile_cache="keep"
+        )
+        for host in ("h1", "h2")
+    }  # fmt: skip
+    with stopped_at_exit(at_exit):  # also when a row fails midway (bench/leftovers.py)
+        for name in args.rows:
+            run_row(name)
+        for host in ("h1", "h2"):
+            stopped(host)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
 
     device = "CPU" if args.cpu else torch.cuda.get_device_name(args.gpu)

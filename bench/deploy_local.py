@@ -24,6 +24,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from leftovers import stopped_at_exit  # noqa: E402
+
 from tests.helpers import playbook_command, playbook_env  # noqa: E402
 
 
@@ -50,11 +52,12 @@ def launched_restarts(root: Path, runs: int) -> list[float]:
         "dflash_trainer_args": {"target_model": "tiny", "gen_samples": 16, "drafter_layers": 2,
                                 "token_budget": 128, "sleep_per_step": 0.5},
     }  # fmt: skip
-    timed("deploy.yml", extravars)
-    try:
-        return [timed("deploy.yml", {**extravars, "dflash_restart": True}) for _ in range(runs)]
-    finally:
-        timed("playbooks/stop.yml", {"dflash_root": str(root)})
+    stop = lambda: timed("playbooks/stop.yml", {"dflash_root": str(root)})  # noqa: E731
+    with stopped_at_exit({root: stop}):
+        timed("deploy.yml", extravars)
+        seconds = [timed("deploy.yml", {**extravars, "dflash_restart": True}) for _ in range(runs)]
+        stop()
+    return seconds
 
 
 def main() -> None:

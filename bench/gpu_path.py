@@ -31,6 +31,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from leftovers import stopped_at_exit
+
 REPO = Path(__file__).resolve().parent.parent
 # What the trainer imports besides torch and triton, pinned to what this interpreter holds.
 PINNED = ("transformers", "safetensors", "tokenizers", "huggingface-hub", "numpy")
@@ -180,6 +182,13 @@ def path_for(
     root.mkdir(parents=True)
     inv = inventory(root, gpu, lock_of_this_python(), target_args(kind, root, compile_drafter))
     play = lambda name, step, **extra: playbook(root, inv, name, rows, f"{kind}: {step}", **extra)  # noqa: E731
+    # Stopped at the end whatever happens in between (bench/leftovers.py).
+    with stopped_at_exit({root / "state": lambda: play("playbooks/stop.yml", "stop (at exit)")}):
+        walk(kind, root, gpu, rows, quick, play)
+
+
+def walk(kind: str, root: Path, gpu: int | None, rows: list, quick: bool, play: Any) -> None:
+    """The user's path on one target: deploys, verifies, a restart, a rollback, the stop."""
     cold = play("deploy.yml", "deploy (compile cache cold)", dflash_compile_cache="clear")
     if cold["result"] != "ok":
         return  # what follows needs a deployment; the log says why

@@ -27,6 +27,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from leftovers import stopped_at_exit  # noqa: E402
+
 from tests.helpers import run_playbook  # noqa: E402
 
 ARGS = {"target_model": "tiny", "checkpoint_every": 10}
@@ -88,30 +90,30 @@ def main() -> None:
                   "dflash_verify_min_throughput_ratio": 0, "dflash_verify_max_cpu_wait": 1,
                   "dflash_min_throughput_ratio": 0}  # fmt: skip
         policy = {"backoff": args.backoff, "backoff_max": max(args.backoff, 300)}
-        deploy = run_playbook("deploy.yml", {
-            **common, "dflash_trainer_args": ARGS, "dflash_data": str(store),
-            "dflash_restart_policy": policy, "dflash_hang_after": args.hang_after,
-        }, timeout=1800)  # fmt: skip
-        if deploy.rc != 0:
-            sys.exit(deploy.output[-4000:])
-        status_path = root / "runs" / "latest" / "status.json"
+        with stopped_at_exit({root: lambda: run_playbook("playbooks/stop.yml", common)}):
+            deploy = run_playbook("deploy.yml", {
+                **common, "dflash_trainer_args": ARGS, "dflash_data": str(store),
+                "dflash_restart_policy": policy, "dflash_hang_after": args.hang_after,
+            }, timeout=1800)  # fmt: skip
+            if deploy.rc != 0:
+                sys.exit(deploy.output[-4000:])
+            status_path = root / "runs" / "latest" / "status.json"
 
-        def status() -> dict:
-            return read(status_path)
+            def status() -> dict:
+                return read(status_path)
 
-        def stepping(attempt: int):
-            def check():
-                now = status()
-                done = now.get("step", 0) > (now.get("resumed_from_step") or 0)
-                return now if now.get("attempt") == attempt and done else None
+            def stepping(attempt: int):
+                def check():
+                    now = status()
+                    done = now.get("step", 0) > (now.get("resumed_from_step") or 0)
+                    return now if now.get("attempt") == attempt and done else None
 
-            return check
+                return check
 
-        def verify(after: str) -> None:
-            run = run_playbook("verify.yml", common)
-            print(f"\n--- verify.yml after {after} (rc {run.rc}) ---\n{table(run)}", flush=True)
+            def verify(after: str) -> None:
+                run = run_playbook("verify.yml", common)
+                print(f"\n--- verify.yml after {after} (rc {run.rc}) ---\n{table(run)}", flush=True)
 
-        try:
             seconds = []
             for attempt in range(1, args.runs + 1):
                 before = wait("a checkpoint", lambda a=attempt: (
@@ -140,7 +142,6 @@ def main() -> None:
             supervisor = root / "runs" / "latest" / "supervisor.json"
             wait("the crash loop", lambda: read(supervisor).get("state") == "crash_loop", 1200)
             verify("the data store was moved away (a crash loop)")
-        finally:
             run_playbook("playbooks/stop.yml", common)
 
 
