@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,7 +54,9 @@ def lock_of_this_python() -> dict[str, Any]:
     }
 
 
-def inventory(root: Path, gpu: int | None, lock: dict, args: dict) -> Path:
+def inventory(
+    root: Path, gpu: int | None, lock: dict, args: dict, quick_restarts: bool = False
+) -> Path:
     gpus = [] if gpu is None else [gpu]
     args = dict(args)
     data = args.pop("data", None)  # the data is dflash_data's, not a trainer flag
@@ -71,6 +74,8 @@ def inventory(root: Path, gpu: int | None, lock: dict, args: dict) -> Path:
         "dflash_stop_timeout": 180,
         # The health steps and the throughput gate as a user gets them (the defaults).
     }
+    if quick_restarts:  # restarts timed one after another: a back-off of 1 s, not 10 doubling
+        host["dflash_restart_policy"] = {"backoff": 1}
     path = root / "inventory.json"
     path.write_text(json.dumps({"all": {"children": {"dflash_targets": {"hosts": {"gpu": host}}}}}))
     return path
@@ -160,9 +165,12 @@ def changed_source(root: Path) -> Path:
     return source
 
 
-def target_args(kind: str, root: Path, compile_drafter: bool) -> dict[str, Any]:
-    common = {"compile_drafter": compile_drafter, "log_every": 1, "checkpoint_every": 1000000,
-              "keep_checkpoints": 1}  # fmt: skip
+def target_args(
+    kind: str, root: Path, compile_drafter: bool, checkpoints: bool = False
+) -> dict[str, Any]:
+    # With restarts to time, the 8b trainer saves every 40 steps (~10 s at its shape).
+    common = {"compile_drafter": compile_drafter, "log_every": 1, "keep_checkpoints": 1,
+              "checkpoint_every": 40 if checkpoints else 1000000}  # fmt: skip
     if kind == "tiny":  # checkpoints often: the supervised restart resumes from one
         return {"target_model": "tiny", "gen_samples": 64, **common, "checkpoint_every": 20}
     sys.path.insert(0, str(REPO / "bench" / "trainer"))
@@ -177,17 +185,26 @@ def target_args(kind: str, root: Path, compile_drafter: bool) -> dict[str, Any]:
 
 
 def path_for(
-    kind: str, root: Path, gpu: int | None, rows: list, compile_drafter: bool, quick: bool
+    kind: str,
+    root: Path,
+    gpu: int | None,
+    rows: list,
+    compile_drafter: bool,
+    quick: bool,
+    recoveries: int = 0,
 ) -> None:
     root.mkdir(parents=True)
-    inv = inventory(root, gpu, lock_of_this_python(), target_args(kind, root, compile_drafter))
+    args = target_args(kind, root, compile_drafter, checkpoints=bool(recoveries))
+    inv = inventory(root, gpu, lock_of_this_python(), args, quick_restarts=bool(recoveries))
     play = lambda name, step, **extra: playbook(root, inv, name, rows, f"{kind}: {step}", **extra)  # noqa: E731
     # Stopped at the end whatever happens in between (bench/leftovers.py).
     with stopped_at_exit({root / "state": lambda: play("playbooks/stop.yml", "stop (at exit)")}):
-        walk(kind, root, gpu, rows, quick, play)
+        walk(kind, root, gpu, rows, quick, recoveries, play)
 
 
-def walk(kind: str, root: Path, gpu: int | None, rows: list, quick: bool, play: Any) -> None:
+def walk(
+    kind: str, root: Path, gpu: int | None, rows: list, quick: bool, recoveries: int, play: Any
+) -> None:
     """The user's path on one target: deploys, verifies, a restart, a rollback, the stop."""
     cold = play("deploy.yml", "deploy (compile cache cold)", dflash_compile_cache="clear")
     if cold["result"] != "ok":
@@ -195,8 +212,8 @@ def walk(kind: str, root: Path, gpu: int | None, rows: list, quick: bool, play: 
     play("verify.yml", "verify")
     if kind == "tiny" and gpu is not None:
         foreign_process_on_the_gpu(root, gpu, rows, play)
-    if kind == "tiny":
-        supervised_restart(root, rows, play)
+    if kind == "tiny" or recoveries:
+        supervised_restarts(root, rows, play, recoveries or 1)
     if kind == "tiny" and not quick:
         play("deploy.yml", "warm the cache + restart", dflash_compile_cache="warm",
              dflash_restart=True)  # fmt: skip
@@ -214,43 +231,84 @@ def walk(kind: str, root: Path, gpu: int | None, rows: list, quick: bool, play: 
     play("playbooks/stop.yml", "stop")
 
 
-def supervised_restart(root: Path, rows: list, play: Any) -> None:
-    """A rank killed (SIGKILL) under torchrun: the supervisor restarts torchrun after its
-    back-off and the trainer resumes from its newest checkpoint; verify stays ok and names the
-    restart. Seconds: from the kill to the first step after it."""
-    status_path = root / "state" / "runs" / "latest" / "status.json"
+def epoch(text: str | None) -> float | None:
+    return datetime.fromisoformat(text).timestamp() if text else None
+
+
+def resumed_at(log: Path, since: float) -> float | None:
+    """When the trainer logged `resumed from ...` (its checkpoint loaded) at or after `since`."""
+    for line in log.read_text(errors="replace").splitlines():
+        stamp, _, rest = line.partition(" ")
+        if rest.startswith("resumed from ") and (at := epoch(stamp)) and at >= since:
+            return at
+    return None
+
+
+def saved(status: dict, attempt: int) -> bool:
+    """This attempt of the trainer saved a checkpoint (a resumed one's names the one it read,
+    without `at`)."""
+    return status.get("attempt", 0) == attempt and bool((status.get("checkpoint") or {}).get("at"))
+
+
+def supervised_restarts(root: Path, rows: list, play: Any, count: int) -> None:
+    """A rank killed (SIGKILL) under torchrun, `count` times, each once the trainer saved a
+    checkpoint: the supervisor restarts torchrun after its back-off and the trainer resumes
+    from its newest checkpoint; verify stays ok and names the restarts. Each row: seconds from
+    the kill to the first step after it, and where they went: the supervisor's back-off, the
+    new process to its checkpoint loaded (interpreter, torch, the target's build, the load), to
+    its first step (compiles from the warm cache, the step)."""
+    run = root / "state" / "runs" / "latest"
 
     def status() -> dict:
         try:
-            return json.loads(status_path.read_text())
+            return json.loads((run / "status.json").read_text())
         except (OSError, ValueError):
             return {}
 
-    deadline = time.monotonic() + 300
-    while not (status().get("checkpoint") or {}).get("at") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    before = status()
-    killed = time.monotonic()
-    os.kill(before["pid"], 9)
-    back: dict = {}
-    while time.monotonic() < killed + 600:
-        back = status()
-        if back.get("attempt") == 1 and back.get("step", 0) > (back.get("resumed_from_step") or 0):
-            break
-        time.sleep(0.1)
-    seconds = round(time.monotonic() - killed, 1)
-    row = play("verify.yml", "verify after the restart")
+    seconds = []
+    for attempt in range(1, count + 1):
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not saved(status(), attempt - 1):
+            time.sleep(0.2)
+        before = status()
+        killed, killed_at = time.monotonic(), time.time()
+        os.kill(before["pid"], 9)
+        back: dict = {}
+        while time.monotonic() < killed + 900:
+            back = status()
+            if back.get("attempt") == attempt and back.get("step", 0) > (
+                back.get("resumed_from_step") or 0
+            ):
+                break
+            time.sleep(0.1)
+        took = round(time.monotonic() - killed, 1)
+        seconds.append(took)
+        started, first = epoch(back.get("started_at")), epoch(back.get("first_step_at"))
+        loaded = resumed_at(run / "train.log", started or killed_at)
+        parts = {
+            "to the new process": round(started - killed_at, 1) if started else None,
+            "to its checkpoint loaded": round(loaded - started, 1) if loaded and started else None,
+            "to its first step": round(first - loaded, 1) if first and loaded else None,
+        }
+        cache = back.get("compile_cache") or {}
+        rows.insert(len(rows), {
+            "step": f"kill -9 of the rank #{attempt}: supervised restart", "seconds": took,
+            "result": f"attempt {back.get('attempt')}, resumed from step "
+                      f"{back.get('resumed_from_step')} (killed at step {before.get('step')}); "
+                      + ", ".join(f"{k} {v} s" for k, v in parts.items())
+                      + f"; cache {cache.get('hits')} hits / {cache.get('misses')} misses",
+            "first_step_s": took, "tokens_per_s": back.get("tokens_per_s"), "roles": {},
+        })  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    row = play("verify.yml", f"verify after {count} restart(s)")
     report = json.loads((root / "reports" / "verify.json").read_text())["hosts"]["gpu"]
     supervision = report.get("supervision") or {}
-    rows.insert(len(rows) - 1, {
-        "step": "kill -9 of the rank: supervised restart", "seconds": seconds,
-        "result": f"attempt {back.get('attempt')}, resumed from step "
-                  f"{back.get('resumed_from_step')} (killed at step {before.get('step')})",
-        "first_step_s": seconds, "tokens_per_s": back.get("tokens_per_s"), "roles": {},
-    })  # fmt: skip
     restarts = (supervision.get("restarts") or {}).get("count")
     ratio = (supervision.get("goodput") or {}).get("ratio")
-    row["result"] += f"; {report['verdict']}, restarts {restarts}, goodput {ratio}"
+    row["result"] += (
+        f"; {report['verdict']}, restarts {restarts}, goodput {ratio}; kill to first step "
+        f"median {statistics.median(seconds)} s of {seconds}"
+    )
 
 
 HOLD_MIB = 2048
@@ -296,6 +354,11 @@ def main() -> None:
         help="one cold compile only: no warm restart, the changed release staged, not launched",
     )
     parser.add_argument(
+        "--recoveries", type=int, default=0,
+        help="kill -9 the rank this many times, each after a checkpoint, and time each restart "
+             "to its first step (the 8b target too; the tiny one always once)",
+    )  # fmt: skip
+    parser.add_argument(
         "--eager", action="store_true",
         help="no --compile-drafter (flex_attention still compiles): a shorter cold start",
     )  # fmt: skip
@@ -310,7 +373,8 @@ def main() -> None:
     kinds = ["tiny", "8b"] if args.target == "both" else [args.target]
     for kind in kinds:
         gpu = None if args.cpu else args.gpu
-        path_for(kind, root / kind, gpu, rows, gpu is not None and not args.eager, args.quick)
+        compiled = gpu is not None and not args.eager
+        path_for(kind, root / kind, gpu, rows, compiled, args.quick, args.recoveries)
     device = "CPU" if args.cpu else torch.cuda.get_device_name(args.gpu)
     print(f"\n{device}, torch {torch.__version__}; under {root}")
     print("| step | seconds | result | first step s | tokens/s | slowest roles (s) |")

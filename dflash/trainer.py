@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from dflash.model import Drafter
+from dflash.optimizer import clip_and_step
 from dflash.pipeline import FeatureBatch, FeatureSource
 from dflash.stages import Clock
 from dflash.step import DrafterStep
@@ -58,8 +59,9 @@ class Trainer:
         self.warmup_ratio = warmup_ratio
         self.grad_clip = grad_clip
         self.seed = seed
+        self.params = list(drafter.parameters())
         self.optimizer = torch.optim.AdamW(
-            drafter.parameters(),
+            self.params,
             lr=lr,
             weight_decay=0.0,
             fused=step_fn.on_gpu,
@@ -85,8 +87,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         backward = self.clock.mark()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.grad_clip)
-        self.optimizer.step()
+        grad_norm = clip_and_step(self.optimizer, self.params, self.grad_clip)
         done = self.clock.mark()
         value = loss.item()  # synchronises: every mark of the step can be read now
         self.step += 1

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a check
 
 from dflash.model import DrafterConfig
 from dflash.objective import sample_anchors
+from dflash.optimizer import clip_and_step
 from dflash.options import build_drafter
 from dflash.pipeline import FeatureBatch
 from dflash.step import DrafterStep
@@ -51,6 +52,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup-steps", type=int, default=3)
     p.add_argument("--compile", action="store_true")
+    p.add_argument(
+        "--unfolded-clip",
+        action="store_true",
+        help="clip_grad_norm_ then step (a pass of its own), the baseline of dflash/optimizer.py",
+    )
     p.add_argument(
         "--profile", type=int, default=0, metavar="N",
         help="then profile N more steps and print the kernels that took the most GPU time",
@@ -111,12 +117,17 @@ def main() -> None:
         num_tokens=rows * seq,
     )
 
+    trainable = list(drafter.parameters())
+
     def train_step(i: int) -> None:
         loss = step.loss(batch, torch.Generator().manual_seed(i))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        optimizer.step()
+        if args.unfolded_clip:  # the step before dflash/optimizer.py: clipping's own pass
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            optimizer.step()
+        else:  # the trainer's (dflash.trainer.Trainer)
+            clip_and_step(optimizer, trainable, 1.0)
 
     times = []
     began = time.perf_counter()
