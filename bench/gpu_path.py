@@ -226,7 +226,7 @@ def walk(
             play("verify.yml", "verify")
         play("rollback.yml", "rollback to the first release", dflash_release=first["release"])
         play("verify.yml", "verify")
-    else:
+    elif not recoveries:  # the timed restarts above were warm restarts already
         play("deploy.yml", "restart (compile cache warm)", dflash_restart=True)
     play("playbooks/stop.yml", "stop")
 
