@@ -217,6 +217,26 @@ def test_a_trainer_on_a_warm_cache_hits_it_and_passes_its_canary(warm_copy):
     }  # fmt: skip
 
 
+def test_two_drafter_ranks_on_a_warm_cache_each_compare_with_the_eager_step(warm_copy):
+    """Under DDP (two gloo ranks, data parallel): the comparison runs on each rank's own batch
+    outside DDP's hooks and collectives, the ranks agree on it, and training goes on."""
+    folder = warm_copy.parent.parent
+    files = ["--checkpoint-dir", str(folder / "ck"), "--status-file", str(folder / "status.json")]
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "dflash.train", *TRAINER, "--cpu-ranks", "--dist-timeout", "120",
+        "--target-gpus", "0,1", "--drafter-gpus", "0,1", *files,
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, cwd=folder, env=cache_env(warm_copy), capture_output=True, text=True,
+        timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    canary = read_status(folder / "status.json")["compile_cache"]["canary"]
+    assert canary["ok"] is True and canary["step"] == CANARY_STEPS, canary
+    assert canary["eager"]["grad_rel_err"] <= 1e-3, canary
+
+
 def test_a_warmup_records_the_hashes_of_what_it_compiled(clean_warmup):
     cache, result = clean_warmup
     assert result.returncode == 0, result.stdout + result.stderr
