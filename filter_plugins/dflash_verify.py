@@ -84,7 +84,7 @@ def compile_cache_line(view: dict | None) -> str | None:
             f"{view.get('misses', 0)} misses, {verdict}"
         )
     hashes = view.get("hashes") or {}
-    if "checked" in hashes:
+    if hashes.get("checked") or hashes.get("unrecorded"):  # an empty folder: nothing to say
         damaged = len(hashes["damaged"])
         parts.append(
             f"{hashes['checked'] - damaged} of {hashes['checked']} files as compiled"

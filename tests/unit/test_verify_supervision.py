@@ -180,6 +180,11 @@ def test_files_that_differ_from_their_hashes_are_a_cache_finding_and_shown():
     assert line.endswith("canary ok; 50 of 50 files as compiled, 1 not yet hashed")
     found["cache"]["hashes"] = None
     assert dflash_findings(found) == []
+    # An empty folder (a CPU run that compiles nothing): the line says nothing of files.
+    found["cache"]["hashes"] = {"checked": 0, "damaged": [], "unrecorded": [], "gone": []}
+    [line] = [x for x in verify_summary_lines(verify_summary(found))
+              if x.startswith("compile cache:")]  # fmt: skip
+    assert line.endswith("canary ok")
 
 
 def test_a_trainer_in_a_back_off_is_down_not_ok():
