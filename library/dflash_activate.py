@@ -15,6 +15,7 @@ description:
   - The deployment is recorded afterwards by M(dflash_launch) or M(dflash_record), once its
     health is known.
 extends_documentation_fragment:
+  - dflash_attributes
   - dflash_state_root
   - dflash_deploy_lock_token.takes_the_lock
 options:

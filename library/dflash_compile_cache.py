@@ -27,6 +27,7 @@ description:
     it answers C(refused) and changes nothing); new entries are renamed into place one by one,
     then the marker is written; the archive is removed either way.
 extends_documentation_fragment:
+  - dflash_attributes
   - dflash_state_root
   - dflash_deploy_lock_token.takes_the_lock
 options:
@@ -66,7 +67,9 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Says what it would remove, create or record; changes nothing.
+    details: Says what it would remove, create or record; changes nothing.
+  diff_mode:
+    support: none
 author: dflash-deploy
 """
 

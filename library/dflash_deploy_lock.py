@@ -58,10 +58,14 @@ options:
         C(deploy_lock_generation)) that a read of the caller saw while the lock was free.
         RETURN C(unchanged_since_read) then says whether that read still holds.
     type: int
+extends_documentation_fragment:
+  - dflash_attributes
 attributes:
   check_mode:
     support: full
     details: In check mode only C(status) runs; the lock is read, never written.
+  diff_mode:
+    support: none
 author: dflash-deploy
 """
 

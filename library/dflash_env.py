@@ -26,6 +26,7 @@ description:
     C(--diff), shows the pins of the env the current deployment uses (or the drifted env as
     installed) against the pins of the lock.
 extends_documentation_fragment:
+  - dflash_attributes
   - dflash_state_root
 options:
   lock:

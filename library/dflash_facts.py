@@ -16,6 +16,7 @@ description:
     judged against (from the whole history), and what C(nvidia-smi) shows of the GPUs and
     their compute processes, matched to the trainers by pid namespace.
 extends_documentation_fragment:
+  - dflash_attributes
   - dflash_state_root
 options:
   checksums:
@@ -65,7 +66,9 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reads only, so a check-mode run reads the same.
+    details: Reads only, so a check-mode run reads the same.
+  diff_mode:
+    support: none
 author: dflash-deploy
 """
 

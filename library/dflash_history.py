@@ -13,6 +13,7 @@ description:
     select - files added, removed and changed (with the text diff when both releases are still
     on the target), environment versions, run.sh values, GPU layout and throughput.
 extends_documentation_fragment:
+  - dflash_attributes
   - dflash_state_root
 options:
   diff_from:
@@ -31,6 +32,8 @@ attributes:
   check_mode:
     support: full
     details: Reads only; runs the same in check mode.
+  diff_mode:
+    support: none
 author: dflash-deploy
 """
 

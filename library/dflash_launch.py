@@ -40,6 +40,7 @@ description:
     again right before the old trainers are stopped, the new one is started and its line
     recorded, so the background job of a killed play starts and records nothing.
 extends_documentation_fragment:
+  - dflash_attributes
   - dflash_state_root
   - dflash_deploy_lock_token
 options:
@@ -141,6 +142,8 @@ attributes:
   check_mode:
     support: full
     details: Reports whether the trainer would be (re)started and why; starts and stops nothing.
+  diff_mode:
+    support: none
 author: dflash-deploy
 """
 

@@ -38,8 +38,11 @@ description:
 attributes:
   check_mode:
     support: full
-    description: Reads only; a start that would happen is reported as changed.
+    details: Reads only; a start that would happen is reported as changed.
+  diff_mode:
+    support: none
 extends_documentation_fragment:
+  - dflash_attributes
   - dflash_proxmox_api
   - dflash_proxmox_api.container
 options:

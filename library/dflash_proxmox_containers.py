@@ -24,10 +24,14 @@ description:
     all (a missing library, an entry without a name). The role fails each such host with its
     message.
   - Reports C(changed) when it started a container. In check mode it says it would.
+extends_documentation_fragment:
+  - dflash_attributes
 attributes:
   check_mode:
     support: full
-    description: Reads only; a start that would happen is reported as changed.
+    details: Reads only; a start that would happen is reported as changed.
+  diff_mode:
+    support: none
 options:
   containers:
     description:

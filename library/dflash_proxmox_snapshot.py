@@ -22,8 +22,11 @@ description:
 attributes:
   check_mode:
     support: full
-    description: Reports the snapshot it would take and the ones it would delete, as changed.
+    details: Reports the snapshot it would take and the ones it would delete, as changed.
+  diff_mode:
+    support: none
 extends_documentation_fragment:
+  - dflash_attributes
   - dflash_proxmox_api
   - dflash_proxmox_api.container
 options:

@@ -21,6 +21,7 @@ description:
   - An C(export) line (a drafter exported with the code of the current release) records no
     run.sh and prunes nothing.
 extends_documentation_fragment:
+  - dflash_attributes
   - dflash_state_root
   - dflash_deploy_lock_token.takes_the_lock
 options:
@@ -81,6 +82,8 @@ options:
 attributes:
   check_mode:
     support: full
+  diff_mode:
+    support: none
 author: dflash-deploy
 """
 

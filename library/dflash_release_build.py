@@ -26,10 +26,14 @@ options:
     description: Controller folder for the archives.
     type: path
     required: true
+extends_documentation_fragment:
+  - dflash_attributes
 attributes:
   check_mode:
     support: full
     details: Writes only the controller's build folder, never a target; runs in check mode too.
+  diff_mode:
+    support: none
 author: dflash-deploy
 """
 

@@ -18,6 +18,7 @@ description:
   - The controller draws the page (the C(dflash_report_html) filter) and keeps the drops under
     verify's noise band.
 extends_documentation_fragment:
+  - dflash_attributes
   - dflash_state_root
 options:
   min_ratio:
@@ -34,6 +35,8 @@ attributes:
   check_mode:
     support: full
     details: Reads only; runs the same in check mode.
+  diff_mode:
+    support: none
 author: dflash-deploy
 """
 

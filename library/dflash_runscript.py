@@ -27,6 +27,8 @@ options:
     description: Its permissions, octal.
     type: str
     default: "0755"
+extends_documentation_fragment:
+  - dflash_attributes
 attributes:
   check_mode:
     support: full

@@ -27,10 +27,14 @@ options:
     type: list
     elements: list
     required: true
+extends_documentation_fragment:
+  - dflash_attributes
 attributes:
   check_mode:
     support: full
     details: Reads the archive and runs the check; changes nothing anywhere.
+  diff_mode:
+    support: none
 author: dflash-deploy
 """
 

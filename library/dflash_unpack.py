@@ -17,6 +17,7 @@ description:
     C(releases/.edited-<release>-<time>) and its changed files are named in the result.
   - Removes temp folders left by killed earlier runs and the pushed archive once unpacked.
 extends_documentation_fragment:
+  - dflash_attributes
   - dflash_state_root
   - dflash_deploy_lock_token.takes_the_lock
 options:
@@ -46,6 +47,8 @@ options:
 attributes:
   check_mode:
     support: full
+  diff_mode:
+    support: none
 author: dflash-deploy
 """
 

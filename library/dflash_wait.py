@@ -58,9 +58,13 @@ options:
         description: The training steps the job waits for.
         type: int
         required: true
+extends_documentation_fragment:
+  - dflash_attributes
 attributes:
   check_mode:
     support: full
+  diff_mode:
+    support: none
 author: dflash-deploy
 """
 

@@ -24,6 +24,7 @@ description:
     the run that holds the deploy lock loses it or dies, so a killed deploy leaves no
     compilation running.
 extends_documentation_fragment:
+  - dflash_attributes
   - dflash_deploy_lock_token
 options:
   root:
@@ -68,6 +69,8 @@ attributes:
   check_mode:
     support: full
     details: Compiles nothing; reports that it would.
+  diff_mode:
+    support: none
 author: dflash-deploy
 """
 

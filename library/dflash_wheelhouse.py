@@ -21,10 +21,14 @@ options:
     description: The wheelhouse folder (created when missing).
     type: path
     required: true
+extends_documentation_fragment:
+  - dflash_attributes
 attributes:
   check_mode:
     support: full
     details: In check mode names the wheels it would download and downloads none.
+  diff_mode:
+    support: none
 author: dflash-deploy
 """
 

@@ -89,3 +89,15 @@ def test_ansible_doc_renders_it(path: Path):
         capture_output=True, text=True, check=False, cwd=REPO,
     )  # fmt: skip
     assert proc.returncode == 0 and "OPTIONS" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.stem)
+def test_check_and_diff_mode_are_said_once_and_each_module_states_its_support(path):
+    """What the modes mean comes from doc_fragments/dflash_attributes.py (merged in); the
+    module says only its support and, with `details` (Ansible's key), what it does then."""
+    attributes = documentation(path)["attributes"]
+    for mode in ("check_mode", "diff_mode"):
+        assert attributes[mode]["support"] in ("full", "partial", "none"), (path.name, mode)
+        assert attributes[mode]["description"].startswith(
+            {"check_mode": "Can run in check mode", "diff_mode": "Returns what changed"}[mode]
+        ), f"{path.name} describes {mode} itself: say `details`, the fragment says the rest"
