@@ -59,6 +59,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_disk import disk_full_message, is_disk_full
 from ansible.module_utils.dflash_lockfile import LockError, held
+from ansible.module_utils.dflash_module_args import state_root_args
 from ansible.module_utils.dflash_state import (
     CURRENT,
     TMP_PREFIX,
@@ -119,11 +120,10 @@ def run(module: AnsibleModule) -> dict:
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "root": {"type": "path", "required": True},
-            "release": {"type": "str", "required": True},
-            "token": {"type": "str", "no_log": False},
-        },
+        argument_spec=state_root_args(
+            takes_the_lock=True,
+            release={"type": "str", "required": True},
+        ),
         supports_check_mode=True,
     )
     if not os.path.isdir(module.params["root"]):

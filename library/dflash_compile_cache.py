@@ -115,6 +115,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_cache_share import pack, refusal, unpack
 from ansible.module_utils.dflash_compile_cache import mark, prepare, repair, warm_needed
 from ansible.module_utils.dflash_lockfile import LockError, held
+from ansible.module_utils.dflash_module_args import state_root_args
 from ansible.module_utils.dflash_release import sha256_file
 from ansible.module_utils.dflash_state import CACHE
 
@@ -177,21 +178,20 @@ def run(module: AnsibleModule) -> dict:
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "root": {"type": "path", "required": True},
-            "cache_dir": {"type": "path", "required": True},
-            "state": {
+        argument_spec=state_root_args(
+            takes_the_lock=True,
+            cache_dir={"type": "path", "required": True},
+            state={
                 "type": "str",
                 "choices": ["prepared", "recorded", "packed", "unpacked"],
                 "default": "prepared",
             },
-            "clear": {"type": "bool", "default": False},
-            "clear_all": {"type": "bool", "default": False},
-            "wanted": {"type": "dict"},
-            "archive": {"type": "path"},
-            "code_dir": {"type": "path"},
-            "token": {"type": "str", "no_log": False},
-        },
+            clear={"type": "bool", "default": False},
+            clear_all={"type": "bool", "default": False},
+            wanted={"type": "dict"},
+            archive={"type": "path"},
+            code_dir={"type": "path"},
+        ),
         required_if=[
             ("state", "recorded", ["wanted"]),
             ("state", "packed", ["archive"]),

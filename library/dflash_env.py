@@ -130,6 +130,7 @@ from ansible.module_utils.dflash_envcheck import (
 from ansible.module_utils.dflash_guarded import CommandError, run_checked
 from ansible.module_utils.dflash_lock_watchdog import Watchdog
 from ansible.module_utils.dflash_lockfile import LockError, fence
+from ansible.module_utils.dflash_module_args import state_root_args
 from ansible.module_utils.dflash_state import (
     ENV_MARKER,
     ENVS,
@@ -401,13 +402,12 @@ def run(module: AnsibleModule) -> dict:
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "root": {"type": "path", "required": True},
-            "lock": {"type": "dict", "required": True},
-            "pip_timeout": {"type": "int", "default": 1800},
-            "disk_reserve_mb": {"type": "int", "default": 1024},
-            "token": {"type": "str", "no_log": False},
-        },
+        argument_spec=state_root_args(
+            takes_the_lock=True,
+            lock={"type": "dict", "required": True},
+            pip_timeout={"type": "int", "default": 1800},
+            disk_reserve_mb={"type": "int", "default": 1024},
+        ),
         supports_check_mode=True,
     )
     try:

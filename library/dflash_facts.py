@@ -316,6 +316,7 @@ from ansible.module_utils.dflash_gpu import probe
 from ansible.module_utils.dflash_lines import GOOD_RESULTS, records_code
 from ansible.module_utils.dflash_lockfile import generation, read_lock
 from ansible.module_utils.dflash_memory import memory_facts
+from ansible.module_utils.dflash_module_args import state_root_args
 from ansible.module_utils.dflash_procs import find_trainers
 from ansible.module_utils.dflash_release import file_drift, tree_sha256
 from ansible.module_utils.dflash_runs import trainer_record
@@ -590,18 +591,18 @@ def read_between_takes(params: dict) -> dict:
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "root": {"type": "path", "required": True},
-            "checksums": {"type": "bool", "default": True},
-            "history_limit": {"type": "int", "default": 50},
-            "baseline_from": {"type": "int", "default": 1},
-            "check_release": {"type": "str"},
-            "lock": {"type": "dict"},
-            "rollback_release": {"type": "str"},
-            "data": {"type": "str"},
-            "max_cpu_wait": {"type": "float", "default": 1.0},
-            "contention_after": {"type": "float", "default": 300},
-        },
+        argument_spec=state_root_args(
+            takes_the_lock=False,
+            checksums={"type": "bool", "default": True},
+            history_limit={"type": "int", "default": 50},
+            baseline_from={"type": "int", "default": 1},
+            check_release={"type": "str"},
+            lock={"type": "dict"},
+            rollback_release={"type": "str"},
+            data={"type": "str"},
+            max_cpu_wait={"type": "float", "default": 1.0},
+            contention_after={"type": "float", "default": 300},
+        ),
         supports_check_mode=True,
     )
     module.exit_json(changed=False, **read_between_takes(module.params))

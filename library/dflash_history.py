@@ -78,6 +78,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_history import SelectorError, compare, listing, select
 from ansible.module_utils.dflash_lines import DEPLOY_ACTIONS
+from ansible.module_utils.dflash_module_args import state_root_args
 from ansible.module_utils.dflash_state import (
     HISTORY,
     SUPERVISOR,
@@ -125,11 +126,11 @@ def run(params: dict) -> dict:
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "root": {"type": "path", "required": True},
-            "diff_from": {"type": "str"},
-            "diff_to": {"type": "str"},
-        },
+        argument_spec=state_root_args(
+            takes_the_lock=False,
+            diff_from={"type": "str"},
+            diff_to={"type": "str"},
+        ),
         supports_check_mode=True,
     )
     try:

@@ -222,6 +222,7 @@ from ansible.module_utils.dflash_health import (
 from ansible.module_utils.dflash_lock_watchdog import Watchdog
 from ansible.module_utils.dflash_lockfile import LockError, fence
 from ansible.module_utils.dflash_memory import oom_kills
+from ansible.module_utils.dflash_module_args import state_root_args
 from ansible.module_utils.dflash_plan import KEEP, trainer_plan
 from ansible.module_utils.dflash_procs import (
     alive,
@@ -522,30 +523,29 @@ def run(module: AnsibleModule) -> dict:
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "root": {"type": "path", "required": True},
-            "restart": {"type": "bool", "default": False},
-            "restart_reason": {"type": "str", "default": "dflash_restart is set"},
-            "force": {"type": "bool", "default": False},
-            "stop_timeout": {"type": "int", "default": 60},
-            "health_timeout": {"type": "int", "default": 300},
-            "health_steps": {"type": "int", "default": 3},
-            "min_tokens_per_s": {"type": "float", "default": 0.0},
-            "min_throughput_ratio": {"type": "float", "default": 0.0},
-            "baseline_tokens_per_s": {"type": "float"},
-            "baseline_name": {"type": "str", "default": "the baseline"},
-            "state": {"type": "str", "choices": ["started", "stopped"], "default": "started"},
-            "record": {"type": "dict"},
-            "action": {"type": "str", "choices": ["deploy", "rollback"], "default": "deploy"},
-            "previous": {"type": "str"},
-            "token": {"type": "str", "no_log": False},
-            "release": {"type": "str"},
-            "tree_sha256": {"type": "str"},
-            "run_sh_sha256": {"type": "str"},
-            "job": {"type": "dict", "default": {}},
-            "stopped_by": {"type": "str", "default": "stop.yml"},
-            "poll_timeout_s": {"type": "float", "default": 0.0},
-        },
+        argument_spec=state_root_args(
+            takes_the_lock=True,
+            restart={"type": "bool", "default": False},
+            restart_reason={"type": "str", "default": "dflash_restart is set"},
+            force={"type": "bool", "default": False},
+            stop_timeout={"type": "int", "default": 60},
+            health_timeout={"type": "int", "default": 300},
+            health_steps={"type": "int", "default": 3},
+            min_tokens_per_s={"type": "float", "default": 0.0},
+            min_throughput_ratio={"type": "float", "default": 0.0},
+            baseline_tokens_per_s={"type": "float"},
+            baseline_name={"type": "str", "default": "the baseline"},
+            state={"type": "str", "choices": ["started", "stopped"], "default": "started"},
+            record={"type": "dict"},
+            action={"type": "str", "choices": ["deploy", "rollback"], "default": "deploy"},
+            previous={"type": "str"},
+            release={"type": "str"},
+            tree_sha256={"type": "str"},
+            run_sh_sha256={"type": "str"},
+            job={"type": "dict", "default": {}},
+            stopped_by={"type": "str", "default": "stop.yml"},
+            poll_timeout_s={"type": "float", "default": 0.0},
+        ),
         supports_check_mode=True,
     )
     try:

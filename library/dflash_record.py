@@ -138,6 +138,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_disk import disk_full_message, is_disk_full
 from ansible.module_utils.dflash_lockfile import LockError, held
 from ansible.module_utils.dflash_lockfile import release as give_lock_up
+from ansible.module_utils.dflash_module_args import state_root_args
 from ansible.module_utils.dflash_record import history_entry, line_for, record_once
 from ansible.module_utils.dflash_state import (
     ENVS,
@@ -233,29 +234,28 @@ def run(module: AnsibleModule) -> dict:
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "root": {"type": "path", "required": True},
-            "release": {"type": "str", "required": True},
-            "action": {
+        argument_spec=state_root_args(
+            takes_the_lock=True,
+            release={"type": "str", "required": True},
+            action={
                 "type": "str",
                 "choices": ["deploy", "rollback", "export"],
                 "default": "deploy",
             },
-            "result": {
+            result={
                 "type": "str",
                 "choices": ["deployed", "healthy", "failed", "rolled_back", "exported"],
                 "required": True,
             },
-            "previous": {"type": "str"},
-            "run_sh_text": {"type": "str"},
-            "record": {"type": "dict", "default": {}},
-            "keep": {"type": "int", "default": 5},
-            "protect": {"type": "list", "elements": "str", "default": []},
-            "launch_recorded": {"type": "bool", "default": False},
-            "steps_changed": {"type": "bool", "default": False},
-            "release_lock": {"type": "bool", "default": False},
-            "token": {"type": "str", "no_log": False},
-        },
+            previous={"type": "str"},
+            run_sh_text={"type": "str"},
+            record={"type": "dict", "default": {}},
+            keep={"type": "int", "default": 5},
+            protect={"type": "list", "elements": "str", "default": []},
+            launch_recorded={"type": "bool", "default": False},
+            steps_changed={"type": "bool", "default": False},
+            release_lock={"type": "bool", "default": False},
+        ),
         supports_check_mode=True,
     )
     try:

@@ -80,6 +80,7 @@ damaged:
 
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dflash_module_args import state_root_args
 from ansible.module_utils.dflash_report import report_data, step_series
 from ansible.module_utils.dflash_state import (
     STATUS,
@@ -110,11 +111,11 @@ def run_folder(root: str, run_id: str, points: int) -> dict:
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "root": {"type": "path", "required": True},
-            "min_ratio": {"type": "float", "default": 0.8},
-            "series_points": {"type": "int", "default": 120},
-        },
+        argument_spec=state_root_args(
+            takes_the_lock=False,
+            min_ratio={"type": "float", "default": 0.8},
+            series_points={"type": "int", "default": 120},
+        ),
         supports_check_mode=True,
     )
     root = module.params["root"]

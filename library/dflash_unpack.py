@@ -98,6 +98,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_lockfile import LockError, held
+from ansible.module_utils.dflash_module_args import state_root_args
 from ansible.module_utils.dflash_release import (
     MANIFEST_NAME,
     file_drift,
@@ -221,15 +222,14 @@ def run(module: AnsibleModule) -> dict:
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "root": {"type": "path", "required": True},
-            "release": {"type": "str", "required": True},
-            "tree_sha256": {"type": "str", "required": True},
-            "archive": {"type": "path"},
-            "src": {"type": "path"},
-            "replace": {"type": "bool", "default": False},
-            "token": {"type": "str", "no_log": False},
-        },
+        argument_spec=state_root_args(
+            takes_the_lock=True,
+            release={"type": "str", "required": True},
+            tree_sha256={"type": "str", "required": True},
+            archive={"type": "path"},
+            src={"type": "path"},
+            replace={"type": "bool", "default": False},
+        ),
         supports_check_mode=True,
     )
     try:

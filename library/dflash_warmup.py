@@ -111,6 +111,7 @@ from ansible.module_utils.dflash_disk import MB, DiskGuard, DiskSpaceError
 from ansible.module_utils.dflash_guarded import CommandError, run_checked
 from ansible.module_utils.dflash_lock_watchdog import Watchdog
 from ansible.module_utils.dflash_lockfile import LockError
+from ansible.module_utils.dflash_module_args import state_root_args
 from ansible.module_utils.dflash_runs import launch_env
 
 
@@ -187,18 +188,17 @@ def warm_with_canary(
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "root": {"type": "path", "required": True},
-            "python": {"type": "path", "required": True},
-            "code_dir": {"type": "path", "required": True},
-            "cache_dir": {"type": "path", "required": True},
-            "flags": {"type": "list", "elements": "str", "default": []},
-            "env": {"type": "dict", "default": {}},
-            "gpu": {"type": "int"},
-            "timeout": {"type": "int", "default": 1800},
-            "token": {"type": "str", "no_log": False},
-            "disk_reserve_mb": {"type": "int", "default": 1024},
-        },
+        argument_spec=state_root_args(
+            takes_the_lock=True,
+            python={"type": "path", "required": True},
+            code_dir={"type": "path", "required": True},
+            cache_dir={"type": "path", "required": True},
+            flags={"type": "list", "elements": "str", "default": []},
+            env={"type": "dict", "default": {}},
+            gpu={"type": "int"},
+            timeout={"type": "int", "default": 1800},
+            disk_reserve_mb={"type": "int", "default": 1024},
+        ),
         supports_check_mode=True,
     )
     try:
