@@ -1,7 +1,7 @@
 """docs/grafana-dashboard.json against the metrics verify.yml writes: it is a dashboard Grafana
 imports (unique panel ids, the Prometheus data source and the hosts as variables), it draws
 every metric docs/verify.md lists for watching a run, and it names no metric the Prometheus
-report does not write (roles/dflash_verify/action_plugins/dflash_verify_report.py)."""
+report does not write (action_plugins/dflash_verify_report.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import re
 from tests.helpers import REPO
 
 DASHBOARD = json.loads((REPO / "docs" / "grafana-dashboard.json").read_text())
-WRITER = (REPO / "roles/dflash_verify/action_plugins/dflash_verify_report.py").read_text()
+WRITER = (REPO / "action_plugins/dflash_verify_report.py").read_text()
 DRAWN = {
     "dflash_trainer_tokens_per_second", "dflash_trainer_reference_tokens_per_second",
     "dflash_trainer_throughput_ratio", "dflash_trainer_throughput_band", "dflash_verify_findings",

@@ -19,7 +19,7 @@ from tests.helpers import REPO
 
 _SPEC = importlib.util.spec_from_file_location(
     "dflash_contention_report_plugin",
-    REPO / "roles" / "dflash_verify" / "action_plugins" / "dflash_verify_report.py",
+    REPO / "action_plugins" / "dflash_verify_report.py",
 )
 assert _SPEC and _SPEC.loader
 report_plugin = importlib.util.module_from_spec(_SPEC)

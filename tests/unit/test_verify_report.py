@@ -1,4 +1,4 @@
-"""verify's reports (roles/dflash_verify/action_plugins/dflash_verify_report.py): the JUnit
+"""verify's reports (action_plugins/dflash_verify_report.py): the JUnit
 report's per-host figures and the Prometheus metrics, read back with Prometheus' own parser."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tests.helpers import REPO
 
 _SPEC = importlib.util.spec_from_file_location(
     "dflash_verify_report",
-    REPO / "roles" / "dflash_verify" / "action_plugins" / "dflash_verify_report.py",
+    REPO / "action_plugins" / "dflash_verify_report.py",
 )
 report_plugin = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(report_plugin)
