@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import sys
@@ -31,6 +30,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from dflash.codehash import sha256_file
 
 HASHES = "hashes.json"
 FORMAT = 1
@@ -55,14 +56,6 @@ def entry_files(folder: Path) -> dict[str, int]:
             with contextlib.suppress(OSError):  # gone since the walk read its folder
                 found[str(path.relative_to(folder))] = path.stat().st_size
     return found
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_hashes(folder: Path) -> dict[str, dict[str, Any]]:
@@ -141,6 +134,8 @@ def check(folder: Path) -> dict[str, Any]:
 
 
 def aside_folder(folder: Path) -> Path:
+    """<folder>.failed-<UTC time>, numbered when another was set aside within the same second:
+    where a suspect cache, or its damaged files, are kept for a person to look at."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     aside, count = folder.with_name(f"{folder.name}{FAILED_INFIX}{stamp}"), 1
     while aside.exists():  # another set aside within the same second

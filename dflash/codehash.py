@@ -25,8 +25,17 @@ def file_hashes(package_dir: Path) -> dict[str, str]:
             continue
         if path.is_file() and not path.is_symlink():
             key = f"{PACKAGE}/{relative.as_posix()}"
-            hashes[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+            hashes[key] = sha256_file(path)
     return hashes
+
+
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of one file, read in 1 MiB blocks (an export's weights, a compiled kernel)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def tree_sha256(files: dict[str, str]) -> str:

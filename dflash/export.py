@@ -15,7 +15,6 @@ trained_by {run_id, code_tree_sha256}, changed, files {name: sha256} (null in a 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -27,6 +26,7 @@ from typing import Any
 import torch
 
 from dflash import checkpoint
+from dflash.codehash import sha256_file
 from dflash.errors import ConfigError
 from dflash.flags import positive_int
 from dflash.provenance import code_tree_sha256, release_name
@@ -136,14 +136,6 @@ def provenance(path: Path, payload: dict[str, Any], dtype: str) -> dict[str, Any
         },
         "drafter_config": payload["drafter_config"],
     }
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_checksums(folder: Path) -> dict[str, str] | None:

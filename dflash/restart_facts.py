@@ -49,14 +49,22 @@ def log_size(log: Path) -> int:
         return 0
 
 
-def last_error(log: Path, since: int) -> str | None:
-    """The last error line the trainer printed to `log` after byte `since` (where its attempt
-    began), or None."""
+def log_tail(log: Path, since: int) -> str | None:
+    """What the trainer wrote to `log` after byte `since` (where its attempt began), at most the
+    last TAIL_BYTES; None when the log cannot be read."""
     try:
         with log.open("rb") as handle:
             handle.seek(max(since, log_size(log) - TAIL_BYTES))
-            text = handle.read().decode(errors="replace")
+            return handle.read().decode(errors="replace")
     except OSError:
+        return None
+
+
+def last_error(log: Path, since: int) -> str | None:
+    """The last error line the trainer printed to `log` after byte `since` (where its attempt
+    began), or None."""
+    text = log_tail(log, since)
+    if text is None:
         return None
     found = [line.strip() for line in text.splitlines() if ERROR_LINE.match(line.strip())]
     return found[-1][:500] if found else None
@@ -72,13 +80,8 @@ def compiled_entry(log: Path, since: int, cache: Path | None) -> str | None:
     thread`, innermost frame first), the innermost frame of the crashing thread in a file of
     `cache` (Inductor's wrapper module of the compiled graph, which called the kernel), as
     `<path in the cache>, line N in <function>`; None when the crash was elsewhere."""
-    if cache is None:
-        return None
-    try:
-        with log.open("rb") as handle:
-            handle.seek(max(since, log_size(log) - TAIL_BYTES))
-            text = handle.read().decode(errors="replace")
-    except OSError:
+    text = log_tail(log, since) if cache is not None else None
+    if text is None:
         return None
     at = text.rfind("Fatal Python error: ")
     if at < 0:

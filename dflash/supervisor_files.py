@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from dflash.cache_files import aside_folder
+
 
 def utc_text(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")
@@ -79,12 +81,9 @@ def write_atomic(path: Path, data: dict[str, Any]) -> None:
 def move_aside(folder: Path, reason: str, run_id: str) -> Path:
     """Rename a suspect compile cache to <folder>.failed-<UTC time>, with a FAILED.json inside
     that says why; the next trainer finds no folder, so Inductor makes it anew and compiles."""
-    now = time.time()
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-    aside, count = folder.with_name(f"{folder.name}.failed-{stamp}"), 1
-    while aside.exists():  # another set aside within the same second
-        count += 1
-        aside = folder.with_name(f"{folder.name}.failed-{stamp}-{count}")
+    aside = aside_folder(folder)
     os.rename(folder, aside)
-    write_atomic(aside / "FAILED.json", {"reason": reason, "run_id": run_id, "time": utc_text(now)})
+    write_atomic(
+        aside / "FAILED.json", {"reason": reason, "run_id": run_id, "time": utc_text(time.time())}
+    )
     return aside
