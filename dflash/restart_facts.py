@@ -70,6 +70,17 @@ def last_error(log: Path, since: int) -> str | None:
     return found[-1][:500] if found else None
 
 
+# faulthandler's heading of each thread's stack in a dump (`Thread 0x...` or `Current thread
+# 0x...`, then this).
+STACK_HEADING = "(most recent call first):"
+
+
+def stacks_written(log: Path, since: int) -> int:
+    """How many thread stacks faulthandler has written to `log` after byte `since`."""
+    text = log_tail(log, since)
+    return 0 if text is None else text.count(STACK_HEADING)
+
+
 # faulthandler's frame line: `  File "/path", line 12 in call`.
 FRAME_LINE = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 

@@ -41,12 +41,16 @@ from typing import Any
 from dflash.cache_files import repair
 from dflash.compile_watch import cache_dir
 from dflash.goodput import epoch
-from dflash.restart_facts import checkpoint_dir, release_name
+from dflash.restart_facts import checkpoint_dir, log_size, release_name, stacks_written
 from dflash.stopflag import StopFlag
 from dflash.supervision import CANARY_FAILED, Policy, RunRecord
 from dflash.supervisor_files import log, move_aside, read_status
 
-DUMP_WAIT_S = 3.0  # time the stacks get to reach the log before the kill
+# The stacks of a hung trainer reach the log before the kill: it is killed once the dumps are
+# there (see wait_for_stacks), or after DUMP_WAIT_S at most (a process that cannot run its
+# signal handler in time: a loaded machine paging it back in after its stop).
+DUMP_WAIT_S = 20.0
+DUMP_QUIET_S = 0.5
 POLL_S = 0.5
 SAVE_EVERY_S = 2.0
 FULL_DISK_BYTES = 1 << 20  # less free than this: status.json may fail to be written
@@ -102,10 +106,27 @@ def descendants(pid: int) -> list[int]:
 
 
 def is_trainer(pid: int) -> bool:
+    """A process of `python -m dflash.train`: the one trainer, or a torchrun worker. Not torchrun
+    itself, whose command line names dflash.train too but which has no stack dump for SIGUSR1
+    (the signal would end it, and its workers would be out of the tree's reach)."""
     try:
-        return b"dflash.train" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
+    return b"dflash.train" in words and b"torch.distributed.run" not in words
+
+
+def wait_for_stacks(log: Path, since: int, processes: int) -> None:
+    """Until `log` holds, after byte `since`, `processes` thread stacks at least and no new one
+    came for DUMP_QUIET_S (a process dumps all its threads in one go), or DUMP_WAIT_S passed."""
+    deadline = time.monotonic() + DUMP_WAIT_S
+    seen = -1
+    while time.monotonic() < deadline:
+        stacks = stacks_written(log, since)
+        if stacks >= processes and stacks == seen:
+            return
+        seen = stacks
+        time.sleep(DUMP_QUIET_S)
 
 
 def signal_all(pids: list[int], sig: int) -> None:
@@ -194,9 +215,10 @@ class Supervisor:
         self.record.state = "hung"
         self.record.attempts[-1]["hang_dump"] = str(self.record.run_dir / "train.log")
         self.record.save()
+        dump_from = log_size(self.record.log_path)
         signal_all(trainers, signal.SIGUSR1)  # faulthandler's dump (pending while stopped)
         signal_all(tree, signal.SIGCONT)  # a stopped process handles it only once continued
-        time.sleep(DUMP_WAIT_S)
+        wait_for_stacks(self.record.log_path, dump_from, len(trainers))
         signal_all([proc.pid, *descendants(proc.pid)], signal.SIGKILL)
 
     def supervise_one(self, proc: subprocess.Popen[bytes]) -> tuple[int, str]:

@@ -100,7 +100,8 @@ def test_crash_and_hang_come_back_by_themselves_and_stop_wins(
     wait_for("hang line", lambda: len(restart_lines(target_root)) == 2, timeout=30)
     assert [x["reason"] for x in restart_lines(target_root)] == ["signal SIGKILL", "hung"]
     log = (target_root / "runs" / record["run_id"] / "train.log").read_text()
-    assert "supervisor: hung: no step for" in log and "dflash/train.py" in log
+    hang = log[log.find("supervisor: hung: no step for"):]
+    assert "supervisor: hung: no step for" in log and "dflash/train.py" in hang, log[-6000:]
 
     # stop.yml: supervisor and trainer gone, and nothing comes back.
     stop = playbook("playbooks/stop.yml")
