@@ -70,15 +70,16 @@ def last_error(log: Path, since: int) -> str | None:
     return found[-1][:500] if found else None
 
 
-# faulthandler's heading of each thread's stack in a dump (`Thread 0x...` or `Current thread
-# 0x...`, then this).
-STACK_HEADING = "(most recent call first):"
+# The outermost frame of a `python -m` process's main thread: in faulthandler's dump (innermost
+# frame first, the main thread after the others) the line that ends a process's dump.
+MAIN_BOTTOM = " in _run_module_as_main"
 
 
-def stacks_written(log: Path, since: int) -> int:
-    """How many thread stacks faulthandler has written to `log` after byte `since`."""
+def dumps_written(log: Path, since: int) -> int:
+    """How many processes run with `python -m` have finished their faulthandler dump in `log`
+    after byte `since` (their main thread's stack written to its outermost frame)."""
     text = log_tail(log, since)
-    return 0 if text is None else text.count(STACK_HEADING)
+    return 0 if text is None else text.count(MAIN_BOTTOM)
 
 
 # faulthandler's frame line: `  File "/path", line 12 in call`.

@@ -41,16 +41,15 @@ from typing import Any
 from dflash.cache_files import repair
 from dflash.compile_watch import cache_dir
 from dflash.goodput import epoch
-from dflash.restart_facts import checkpoint_dir, log_size, release_name, stacks_written
+from dflash.restart_facts import checkpoint_dir, dumps_written, log_size, release_name
 from dflash.stopflag import StopFlag
 from dflash.supervision import CANARY_FAILED, Policy, RunRecord
 from dflash.supervisor_files import log, move_aside, read_status
 
 # The stacks of a hung trainer reach the log before the kill: it is killed once the dumps are
-# there (see wait_for_stacks), or after DUMP_WAIT_S at most (a process that cannot run its
+# whole in the log (wait_for_stacks), or after DUMP_WAIT_S at most (a process that cannot run its
 # signal handler in time: a loaded machine paging it back in after its stop).
 DUMP_WAIT_S = 20.0
-DUMP_QUIET_S = 0.5
 POLL_S = 0.5
 SAVE_EVERY_S = 2.0
 FULL_DISK_BYTES = 1 << 20  # less free than this: status.json may fail to be written
@@ -117,16 +116,11 @@ def is_trainer(pid: int) -> bool:
 
 
 def wait_for_stacks(log: Path, since: int, processes: int) -> None:
-    """Until `log` holds, after byte `since`, `processes` thread stacks at least and no new one
-    came for DUMP_QUIET_S (a process dumps all its threads in one go), or DUMP_WAIT_S passed."""
+    """Until `log` holds, after byte `since`, the whole dump of `processes` trainer processes,
+    or DUMP_WAIT_S have passed (a dump cut short: a main thread over faulthandler's 100 frames)."""
     deadline = time.monotonic() + DUMP_WAIT_S
-    seen = -1
-    while time.monotonic() < deadline:
-        stacks = stacks_written(log, since)
-        if stacks >= processes and stacks == seen:
-            return
-        seen = stacks
-        time.sleep(DUMP_QUIET_S)
+    while dumps_written(log, since) < processes and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def signal_all(pids: list[int], sig: int) -> None:
@@ -238,8 +232,11 @@ class Supervisor:
             status = read_status(self.record.status_path)
             self.record.observe(status)
             if not self.stop.is_set() and (idle := self.hung(status)):
-                self.kill_hung(proc, idle, status)
-                reason = "hung"
+                # A freeze that began after this poll's first look is no hang either.
+                thawed_at, polled = self.thawed_at, self.note_gap(polled)
+                if self.thawed_at == thawed_at:
+                    self.kill_hung(proc, idle, status)
+                    reason = "hung"
             if time.monotonic() - last_save > SAVE_EVERY_S:
                 self.record.save()
                 last_save = time.monotonic()

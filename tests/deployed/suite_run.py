@@ -32,7 +32,7 @@ class SuiteRun:
     failed: dict[str, str]  # test name (without the host parameter) -> its failure texts
 
 
-def run_suite(inventory: Path, junit: Path, timeout: float = 300) -> SuiteRun:
+def run_suite(inventory: Path, junit: Path, timeout: float = 900) -> SuiteRun:
     """`pytest tests/deployed --inventory FILE` in a fresh process, as in a user's CI."""
     started = time.monotonic()
     proc = subprocess.run(

@@ -100,7 +100,7 @@ def test_crash_and_hang_come_back_by_themselves_and_stop_wins(
     wait_for("hang line", lambda: len(restart_lines(target_root)) == 2, timeout=30)
     assert [x["reason"] for x in restart_lines(target_root)] == ["signal SIGKILL", "hung"]
     log = (target_root / "runs" / record["run_id"] / "train.log").read_text()
-    hang = log[log.find("supervisor: hung: no step for"):]
+    hang = log[log.find("supervisor: hung: no step for") :]
     assert "supervisor: hung: no step for" in log and "dflash/train.py" in hang, log[-6000:]
 
     # stop.yml: supervisor and trainer gone, and nothing comes back.
@@ -113,7 +113,7 @@ def test_crash_and_hang_come_back_by_themselves_and_stop_wins(
 
 
 def test_a_deploy_during_a_back_off_wins(deploy, playbook, target_root):
-    assert deploy("v1", dflash_restart_policy={"backoff": 120}).rc == 0
+    assert deploy("v1", dflash_restart_policy={"backoff": 3600, "backoff_max": 3600}).rc == 0
     record = read_json(target_root / "trainer.json")
     os.kill(status_of(target_root)["pid"], signal.SIGKILL)
     wait_for("back-off", lambda: supervisor_of(target_root).get("state") == "backoff", 60)

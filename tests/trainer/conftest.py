@@ -34,7 +34,7 @@ def cli_env(pythonpath: Path = REPO) -> dict[str, str]:
     return env
 
 
-def run_module(module: str, *args: str, cwd: Path, timeout: float = 120, **kw: Any):
+def run_module(module: str, *args: str, cwd: Path, timeout: float = 600, **kw: Any):
     """Run `python -m <module> args` to completion; stdout and stderr as text."""
     return subprocess.run(
         [sys.executable, "-m", module, *args],
@@ -55,7 +55,7 @@ def read_status(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def wait_for_status(path: Path, predicate, timeout: float = 90) -> dict[str, Any]:
+def wait_for_status(path: Path, predicate, timeout: float = 300) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = read_status(path)

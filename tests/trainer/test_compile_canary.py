@@ -66,7 +66,7 @@ def cache_vars(cache: Path) -> dict[str, str]:
 
 def warmup(cache: Path):
     return run_module(
-        "dflash.warmup", *COMPILED, cwd=cache.parent, env=cache_env(cache), timeout=300
+        "dflash.warmup", *COMPILED, cwd=cache.parent, env=cache_env(cache), timeout=900
     )
 
 
@@ -201,7 +201,7 @@ def test_a_trainer_on_a_warm_cache_hits_it_and_passes_its_canary(warm_copy):
     folder = warm_copy.parent.parent
     files = ["--checkpoint-dir", str(folder / "ck"), "--status-file", str(folder / "status.json")]
     env = cache_env(warm_copy)
-    result = run_module("dflash.train", *TRAINER, *files, cwd=folder, env=env, timeout=300)
+    result = run_module("dflash.train", *TRAINER, *files, cwd=folder, env=env, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     cache = read_status(folder / "status.json")["compile_cache"]
     assert cache["dir"] == str(warm_copy) and cache["fingerprint"] == warm_copy.name
@@ -256,7 +256,7 @@ def test_a_cache_whose_values_are_wrong_but_finite_fails_the_trainers_canary(war
     folder = warm_copy.parent.parent
     files = ["--checkpoint-dir", str(folder / "ck"), "--status-file", str(folder / "status.json")]
     result = run_module(
-        "dflash.train", *TRAINER, *files, cwd=folder, env=cache_env(warm_copy), timeout=300
+        "dflash.train", *TRAINER, *files, cwd=folder, env=cache_env(warm_copy), timeout=900
     )
     assert result.returncode == CACHE_SUSPECT_EXIT, result.stdout + result.stderr
     canary = read_status(folder / "status.json")["compile_cache"]["canary"]
@@ -337,12 +337,12 @@ def test_kernels_damaged_under_a_running_trainer_are_named_moved_aside_and_compi
         monkeypatch.setenv(name, value)
     run = Supervised(tmp_path / "root", argv("--backoff 0.5 --hang-after 600"), RUNNING)
     try:
-        run.status(lambda s: s.get("state") == "running" and s.get("step", 0) >= 2, timeout=300)
+        run.status(lambda s: s.get("state") == "running" and s.get("step", 0) >= 2, timeout=900)
         broken = break_kernels(warm_copy)
         # The restarted trainer's canary judged its first steps.
         back = run.status(
             lambda s: s.get("attempt") == 1 and (s.get("compile_cache") or {}).get("canary"),
-            timeout=300,
+            timeout=900,
         )
         os.killpg(run.proc.pid, signal.SIGTERM)
         assert run.proc.wait(timeout=120) == 0, run.text()

@@ -46,7 +46,8 @@ def test_a_thread_beside_a_burner_on_its_cpu_waits_and_a_stopped_one_does_not():
         assert waited > 0.25 * wall, (wall, ran, waited)
         assert unstarved_seconds(wall, (ran, waited)) < 0.75 * wall
         os.kill(spinner.pid, signal.SIGSTOP)
-        time.sleep(0.2)  # the stop has landed
+        while Path(f"/proc/{spinner.pid}/stat").read_text().rsplit(") ", 1)[1][0] != "T":
+            time.sleep(0.01)  # until the stop has landed
         wall, ran, waited = measure(spinner.pid, 2.0)
         # Stopped, it waits on no run queue: its time is not left out.
         assert ran < 0.1 and waited < 0.1, (wall, ran, waited)

@@ -104,7 +104,7 @@ def test_a_job_over_two_nodes_trains_as_one_node_and_resumes_from_any_node(tmp_p
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
     command = torchrun(4, *one_node, *files(tmp_path, "one"))
     reference = subprocess.Popen(command, cwd=tmp_path, env=cli_env(), **pipes)
-    nodes = start_job(tmp_path, "job-1", "a", *steps, "--sleep-per-step", "0.3")
+    nodes = start_job(tmp_path, "job-1", "a", *steps, "--sleep-per-step", "1.0")
     try:
         statuses = {
             name: wait_for_status(tmp_path / name / "status.json",

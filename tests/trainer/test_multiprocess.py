@@ -49,7 +49,7 @@ def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=120,
+        timeout=600,
         check=False,
     )
 
@@ -59,7 +59,7 @@ def start(command: list[str], cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(command, cwd=cwd, env=cli_env(), **pipes)
 
 
-def finish(process: subprocess.Popen[str], timeout: float = 120) -> str:
+def finish(process: subprocess.Popen[str], timeout: float = 600) -> str:
     try:
         out, _ = process.communicate(timeout=timeout)
     finally:
@@ -90,7 +90,7 @@ def test_split_stops_on_sigterm_and_resumes_on_the_colocated_curve(tmp_path):
         tmp_path,
     )
     status_path = tmp_path / "s" / "status.json"
-    slow = [*SHAPE, *SPLIT, *steps, *files(tmp_path, "s"), "--sleep-per-step", "0.3"]
+    slow = [*SHAPE, *SPLIT, *steps, *files(tmp_path, "s"), "--sleep-per-step", "1.0"]
     split = start(torchrun(2, *slow), tmp_path)
     try:
         wait_for_status(status_path, lambda s: s["state"] == "running" and s["step"] >= 2)

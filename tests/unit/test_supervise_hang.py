@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from dflash import supervise
-from dflash.restart_facts import log_size, stacks_written
+from dflash.restart_facts import dumps_written, log_size
 
 SLEEP = "import time; time.sleep(60)"
-# A stand-in trainer: faulthandler on SIGUSR1 (as dflash.train does) and two threads, stopped
-# by its own SIGSTOP (a hang) once ready.
+# A stand-in trainer, run as `python -m` as the trainer is: faulthandler on SIGUSR1 (as
+# dflash.train does) and a second thread, stopped by its own SIGSTOP (a hang) once ready.
 HUNG = """
 import faulthandler, os, signal, sys, threading, time
 faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -66,25 +66,30 @@ def wait_ready(proc: subprocess.Popen[bytes], log: Path) -> None:
         time.sleep(0.05)
 
 
-def test_the_kill_waits_for_the_stacks_of_a_stopped_trainer(started, tmp_path, monkeypatch):
-    monkeypatch.setattr(supervise, "DUMP_WAIT_S", 600.0)  # only the stacks can end the wait
+def test_the_kill_waits_for_the_whole_dump_of_a_stopped_trainer(started, tmp_path, monkeypatch):
+    monkeypatch.setattr(supervise, "DUMP_WAIT_S", 600.0)  # only the dump can end the wait
+    (tmp_path / "hung_trainer.py").write_text(HUNG)
     log = tmp_path / "train.log"
     with log.open("wb") as out:
-        hung = start(started, [sys.executable, "-c", HUNG], stdout=out, stderr=subprocess.STDOUT)
+        hung = start(started, [sys.executable, "-m", "hung_trainer"], cwd=tmp_path, stdout=out,
+                     stderr=subprocess.STDOUT)  # fmt: skip
     wait_ready(hung, log)
     since = log_size(log)
     supervise.signal_all([hung.pid], signal.SIGUSR1)
     supervise.signal_all([hung.pid], signal.SIGCONT)
     supervise.wait_for_stacks(log, since, 1)
-    assert stacks_written(log, since) == 2  # both threads
-    assert 'File "<string>", line ' in log.read_text()[since:]  # the main one, in its script
+    dump = log.read_text()[since:]
+    assert dumps_written(log, since) == 1
+    # Both threads, the main one last, to its outermost frame.
+    assert dump.count("(most recent call first):") == 2, dump
+    assert 'hung_trainer.py", line ' in dump and dump.rstrip().endswith("_run_module_as_main")
 
 
 def test_a_trainer_that_writes_no_stacks_is_killed_after_the_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(supervise, "DUMP_WAIT_S", 1.0)
     log = tmp_path / "train.log"
-    log.write_text("")
+    log.write_text('Thread 0x00007f (most recent call first):\n  File "x.py", line 1 in f\n')
     began = time.monotonic()
-    supervise.wait_for_stacks(log, 0, 1)
+    supervise.wait_for_stacks(log, 0, 1)  # a thread's stack, but no main thread's: not whole
     assert time.monotonic() - began >= 1.0
-    assert stacks_written(log, 0) == 0
+    assert dumps_written(log, 0) == 0
