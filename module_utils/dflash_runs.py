@@ -43,7 +43,11 @@ def trainer_record(root: str, processes: list[dict]) -> tuple[dict | None, str |
     job = jobs.pop()
     run_id = next((p.get("run_id") for p in processes if p["pid"] == job), None)
     own = read_json(run_path(root, run_id, TRAINER_FILE)) if run_id else None
-    if not isinstance(own, dict) or own.get("pid") != job:
+    # The copy names its run's supervisor; a trainer that outlived it (the supervisor killed)
+    # is still that run's, and with trainer.json lost the copy is the only record of it.
+    if not isinstance(own, dict) or (
+        own.get("pid") != job and (record or own.get("run_id") != run_id)
+    ):
         return record, None
     if record:
         wrong = f"names pid {record.get('pid')}, which is no trainer of this root"

@@ -8,9 +8,11 @@ from __future__ import annotations
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     from ansible.module_utils.dflash_disk import MB
     from ansible.module_utils.dflash_findings import finding
+    from ansible.module_utils.dflash_hints import restart_command
 except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
     from dflash_disk import MB
     from dflash_findings import finding
+    from dflash_hints import restart_command
 
 
 def history_findings(facts: dict) -> list[dict]:
@@ -23,7 +25,8 @@ def history_findings(facts: dict) -> list[dict]:
             f"{item['bytes']} bytes that are not one: {item['text']!r}",
             "a writer was cut short (or the file was edited), so what that line recorded is "
             "unknown to verify, rollback.yml and history.yml; the next deploy or rollback "
-            "moves a torn last line to history.jsonl.torn, any other line you move there by hand",
+            "moves a torn last line to history.jsonl.torn (now, keeping the current release as "
+            f"recorded: {restart_command(facts)}), any other line you move there by hand",
             path=path,
             line=item["line"],
         )
@@ -67,8 +70,9 @@ def record_findings(facts: dict) -> list[dict]:
             "trainer_record",
             "trainer.json naming the trainer that runs",
             problem,
-            "the trainer is found and judged from its run folder's copy; the next deploy.yml "
-            "rewrites trainer.json from it (a healthy trainer is not restarted)",
+            "the trainer is found and judged from its run folder's copy; the next deploy or "
+            "rollback rewrites trainer.json from it, a healthy trainer not restarted (now, "
+            f"keeping the current release as recorded: {restart_command(facts)})",
             path=f"{facts.get('root')}/trainer.json",
         )
     ]

@@ -152,6 +152,12 @@ def test_a_trainer_whose_supervisor_died_is_named_and_its_hint_puts_it_back(
         f"the supervisor (pid {record['pid']}) is gone and the trainer (pid {trainer})"
         in (item["found"])
     )
+    # trainer.json lost too (the soak's order of faults): the trainer is still tied to its run
+    # through the run folder's copy, and the dead supervisor still named (not `OK: no drift`).
+    (target_root / "trainer.json").unlink()
+    lost = playbook("verify.yml")
+    assert {f["kind"] for f in lost.report["hosts"]["local"]["findings"]} == {
+        "supervisor_gone", "trainer_record"}, lost.output  # fmt: skip
     hint = item["hint"].split(", ansible-playbook ", 1)[1]  # ansible-playbook rollback.yml ...
     name, *args = hint.split()
     extra = {k: {"true": True}.get(v, v) for k, v in (a.split("=", 1) for a in args if a != "-e")}
