@@ -48,10 +48,16 @@ def already_recorded(history: list[dict], entry: dict) -> bool:
     if entry.get("result") not in GOOD_RESULTS:
         return False
     last = last_deployment(history)
-    if last is None or any(last.get(key) != entry.get(key) for key in IDENTITY):
+    if last is None:
         return False
     run_id = entry.get("run_id")
-    return not run_id or last.get("run_id") == run_id
+    same_run = bool(run_id) and last.get("run_id") == run_id
+    # A line that adopted a run after history lost its deployment (a rollback of an unrecorded
+    # release) does not know the env's lock id; the same run is the same env.
+    unknown = {"lock_id"} if same_run and last.get("lock_id") is None else set()
+    if any(last.get(key) != entry.get(key) for key in IDENTITY if key not in unknown):
+        return False
+    return not run_id or same_run
 
 
 def line_for(history: list[dict], entry: dict, repairs: bool = False) -> dict | None:

@@ -71,3 +71,16 @@ def test_a_deployment_is_recorded_once_against_the_newest_deployment_line():
     # A failed result is never "already recorded" (it is written as it happens).
     assert not already_recorded(history, line("v2", None, result="failed"))
     assert not already_recorded([], line("v1", "r1"))
+
+
+def test_a_run_adopted_without_its_lock_id_is_not_recorded_again_by_the_next_deploy():
+    """History lost the deploy line (torn, moved aside); the repair's rollback adopted the run
+    with no lock id to copy. A plain redeploy of the same run writes no second line (the soak
+    found one: history listed the one run twice)."""
+    from ansible.module_utils.dflash_record import already_recorded
+
+    adopted = {**line("v1", "r1", action="rollback"), "lock_id": None}
+    assert already_recorded([adopted], line("v1", "r1"))
+    assert not already_recorded([adopted], line("v1", "r2"))  # another run: another env maybe
+    # Known on both sides, a different lock is a different deployment, the same run or not.
+    assert not already_recorded([line("v1", "r1")], {**line("v1", "r1"), "lock_id": "other"})
