@@ -49,6 +49,8 @@ EXPECTS = {
 }
 TRAINER = {"target_model": "tiny", "gen_samples": 16, "checkpoint_every": 20,
            "sleep_per_step": 0.2, "status_interval": 1}  # fmt: skip
+# Steps the trainer may make between the soak's last look at status.json and the kill.
+STEP_SLACK = int(TRAINER["status_interval"] / TRAINER["sleep_per_step"]) + 2
 
 
 def read(path: Path) -> dict[str, Any]:
@@ -135,6 +137,21 @@ class Soak:
                 found.append(record)
         return found
 
+    def previous_release(self) -> str | None:
+        """The release rollback.yml goes back to, as docs/rollback.md says: the newest healthy
+        (or staged) deployment of another release than the current one."""
+        current = (self.root / "current").resolve().name
+        for line in reversed(self.history()):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            good = record.get("result") in ("healthy", "deployed")
+            if good and record.get("release") != current and record.get("action") in (
+                "deploy", "rollback"):  # fmt: skip
+                return record["release"]
+        return None
+
     def stepping(self, attempt_over: int = -1, release: str | None = None) -> bool:
         status = self.status()
         pid = status.get("pid")
@@ -220,8 +237,7 @@ class Soak:
                 kind, bound, pid=status.get("pid"), attempt=status.get("attempt", 0),
                 step_at_kill=status.get("step", 0), history_at=len(self.history()),
                 checkpoint_at_kill=(status.get("checkpoint") or {}).get("step", 0),
-                step_slack=max(2, int(args.hang_after / TRAINER["sleep_per_step"]))
-                if kind == "hang" else 2,
+                step_slack=STEP_SLACK,
             )  # fmt: skip
             os.kill(status["pid"], signal.SIGKILL if kind == "kill_trainer" else signal.SIGSTOP)
         elif kind == "kill_supervisor":
@@ -242,12 +258,13 @@ class Soak:
         elif kind == "new_release":
             tag = self.new_commit()
             self.action(kind, self.deploy(tag), tag)
+        elif kind == "rollback" and not (before := self.previous_release()):
+            self.say("rollback skipped: history names no deployment before the current one")
         elif kind == "rollback":
             run = self.playbook("rollback.yml")
-            release = self.status().get("release") if run.rc == 0 else None
-            if release:
-                self.ref = release
-            self.action(kind, run, release)
+            if run.rc == 0:
+                self.ref = before
+            self.action(kind, run, before)
         elif kind == "kill_deploy":
             tag = self.new_commit()
             extravars = {**self.common, "dflash_ref": tag}
