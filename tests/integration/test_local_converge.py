@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -69,21 +70,45 @@ def group_members(pgid: int) -> set[int]:
     return {pid for pid, (_, group) in process_table().items() if group == pgid}
 
 
-def orphans(pids: set[int], root: Path, group: int | None = None) -> list[int]:
+PLAY_MARKER = "DFLASH_TEST_PLAY"
+
+
+def marked(marker: str) -> set[int]:
+    """Every live process whose environment carries `marker` (PLAY_MARKER's value): a play's
+    workers leave its process group (ansible-core's workers call setsid) but keep its env."""
+    wanted = f"{PLAY_MARKER}={marker}".encode()
+    found = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                environ = Path(f"/proc/{name}/environ").read_bytes()
+            except OSError:
+                continue
+            if wanted in environ.split(b"\0"):
+                found.add(int(name))
+    return found
+
+
+def orphans(pids: set[int], root: Path, play: subprocess.Popen | None = None) -> list[int]:
     """Which of a killed run's processes still live, its trainer (which is meant to) aside:
-    those seen below it when it was killed, and any left in its process group `group`."""
-    pids = pids | (group_members(group) if group is not None else set())
+    those seen below it when it was killed, and any of `play` (started by `start`) forked after
+    that: in its process group, or in a session of their own with its environment."""
+    if play is not None:
+        pids = pids | group_members(play.pid) | marked(play.marker)
     return sorted(p for p in pids if alive(p) and not is_trainer(p, root))
 
 
 def start(variables: dict) -> subprocess.Popen:
-    """The playbook in a process group of its own (as a shell's job is), so what it forks after
-    the kill's snapshot is still found by the group."""
-    return subprocess.Popen(
-        playbook_command("deploy.yml", variables), cwd=REPO, env=playbook_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-        process_group=0,
+    """The playbook in a process group of its own (as a shell's job is), its environment marked
+    (`marker`), so what it forks after the kill's snapshot is still found."""
+    marker = uuid.uuid4().hex
+    proc = subprocess.Popen(
+        playbook_command("deploy.yml", variables), cwd=REPO,
+        env=playbook_env({PLAY_MARKER: marker}), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, bufsize=1, process_group=0,
     )  # fmt: skip
+    proc.marker = marker  # type: ignore[attr-defined]
+    return proc
 
 
 def wait_for(condition, seconds: float = 120) -> bool:
@@ -179,9 +204,9 @@ def test_kill_9_at_each_step_then_a_plain_rerun_converges(
         assert lock is not None, f"{point}: the killed run left no lock to recognise it by"
 
         # Whatever the killed run left running below it ends with it (no orphan module).
-        gone = lambda below=below, group=killed.pid: not orphans(below, root, group)  # noqa: E731
-        assert wait_for(gone, 30), (
-            f"{point}: processes of the killed run outlived it: {orphans(below, root, killed.pid)}"
+        gone = lambda below=below, play=killed: not orphans(below, root, play)  # noqa: E731
+        assert wait_for(gone, 120), (
+            f"{point}: processes of the killed run outlived it: {orphans(below, root, killed)}"
         )
         if point != "record":  # (a kill at the record step may leave nothing interrupted)
             # Named, not passed: the interrupted run.
