@@ -35,7 +35,14 @@ sys.path.insert(0, str(REPO))
 from leftovers import stopped_at_exit  # noqa: E402
 from soak_ledger import check, parse_span, schedule, summary  # noqa: E402
 
-from tests.helpers import git_source, playbook_command, playbook_env, run_playbook  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    dflash_package_files,
+    git_source,
+    playbook_command,
+    playbook_env,
+    run_playbook,
+)
+from tests.integration.conftest import add_release, read_json, tear_last_line  # noqa: E402
 
 FAULTS = ("kill_trainer", "hang", "kill_supervisor", "redeploy", "new_release", "rollback",
           "kill_deploy", "torn_history", "trainer_json_removed")  # fmt: skip
@@ -53,13 +60,6 @@ TRAINER = {"target_model": "tiny", "gen_samples": 16, "checkpoint_every": 20,
 STEP_SLACK = int(TRAINER["status_interval"] / TRAINER["sleep_per_step"]) + 2
 
 
-def read(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 class Soak:
     def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
         self.args = args
@@ -69,10 +69,7 @@ class Soak:
             subprocess.run(["cp", "-al", str(REPO / "sandbox" / "envs"), str(self.root / "envs")],
                            check=True)  # fmt: skip
         self.source = tmp / "source"
-        commit = git_source(self.source)
-        package = (REPO / "dflash").rglob("*")
-        commit("v1", {str(p.relative_to(REPO)): p.read_text() for p in package
-                      if p.is_file() and "__pycache__" not in p.parts})  # fmt: skip
+        git_source(self.source)("v1", dflash_package_files())
         self.releases = 1
         self.ref = "v1"
         self.verify_json = tmp / "verify.json"
@@ -104,7 +101,8 @@ class Soak:
             "seed": self.args.seed, "duration_s": self.args.duration_s,
             "every_s": self.args.every_s, "faults": self.faults, "audits": self.audits,
             "history": self.history(),
-            "goodput": {path.parent.name: read(path).get("goodput", {}) for path in runs},
+            "goodput": {path.parent.name: (read_json(path) or {}).get("goodput", {})
+                        for path in runs},
         }  # fmt: skip
 
     def save(self) -> None:
@@ -118,7 +116,7 @@ class Soak:
         return round(time.monotonic() - self.started, 2)
 
     def status(self) -> dict[str, Any]:
-        return read(self.root / "runs" / "latest" / "status.json")
+        return read_json(self.root / "runs" / "latest" / "status.json") or {}
 
     def history(self) -> list[str]:
         try:
@@ -126,26 +124,24 @@ class Soak:
         except OSError:
             return []
 
-    def restart_lines(self, after: int) -> list[dict[str, Any]]:
+    def records(self, after: int = 0) -> list[dict[str, Any]]:
+        """The history lines after the first `after` that parse (a torn one does not)."""
         found = []
         for line in self.history()[after:]:
             try:
-                record = json.loads(line)
+                found.append(json.loads(line))
             except ValueError:
                 continue
-            if record.get("action") == "restart":
-                found.append(record)
         return found
+
+    def restart_lines(self, after: int) -> list[dict[str, Any]]:
+        return [record for record in self.records(after) if record.get("action") == "restart"]
 
     def previous_release(self) -> str | None:
         """The release rollback.yml goes back to, as docs/rollback.md says: the newest healthy
         (or staged) deployment of another release than the current one."""
         current = (self.root / "current").resolve().name
-        for line in reversed(self.history()):
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
+        for record in reversed(self.records()):
             good = record.get("result") in ("healthy", "deployed")
             if good and record.get("release") != current and record.get("action") in (
                 "deploy", "rollback"):  # fmt: skip
@@ -176,12 +172,7 @@ class Soak:
     def new_commit(self) -> str:
         self.releases += 1
         tag = f"v{self.releases}"
-        init = self.source / "dflash" / "__init__.py"
-        init.write_text(init.read_text() + f"# soak release {tag}\n")
-        git = ["git", "-C", str(self.source), "-c", "user.email=t@example.invalid",
-               "-c", "user.name=t"]  # fmt: skip
-        subprocess.run([*git, "commit", "-qam", tag], check=True)
-        subprocess.run([*git, "tag", tag], check=True)
+        add_release(self.source, tag, "dflash/__init__.py", f"# soak release {tag}\n")
         return tag
 
     def fault(self, kind: str, bound: float, **figures: Any) -> dict[str, Any]:
@@ -241,14 +232,11 @@ class Soak:
             )  # fmt: skip
             os.kill(status["pid"], signal.SIGKILL if kind == "kill_trainer" else signal.SIGSTOP)
         elif kind == "kill_supervisor":
-            supervisor = read(self.root / "runs" / "latest" / "supervisor.json")["pid"]
+            supervisor = read_json(self.root / "runs" / "latest" / "supervisor.json")["pid"]
             self.fault(kind, args.verify_every_s + 600, pid=supervisor)
             os.kill(supervisor, signal.SIGKILL)
         elif kind == "torn_history":
-            path = self.root / "history.jsonl"
-            text = path.read_bytes()
-            last = text.rstrip(b"\n").rsplit(b"\n", 1)[-1]
-            path.write_bytes(text[: len(text.rstrip(b"\n")) - len(last) // 2])
+            tear_last_line(self.root / "history.jsonl")
             self.fault(kind, args.verify_every_s + 600)
         elif kind == "trainer_json_removed":
             (self.root / "trainer.json").unlink()
@@ -303,7 +291,7 @@ class Soak:
         open_now = [{"kind": f["kind"], "expects": f["expects"]} for f in self.open_faults()]
         self.verify_json.unlink(missing_ok=True)
         run = self.playbook("verify.yml")
-        host = read(self.verify_json).get("hosts", {}).get("local", {})
+        host = (read_json(self.verify_json) or {}).get("hosts", {}).get("local", {})
         findings = host.get("findings", [])
         self.audits.append({"at": self.now(), "rc": run.rc, "verdict": host.get("verdict"),
                             "findings": [f["kind"] for f in findings],

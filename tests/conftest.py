@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import REPO, PlaybookRun, git_source, run_playbook, seed_target
+from tests.helpers import (
+    REPO,
+    PlaybookRun,
+    dflash_package_files,
+    git_source,
+    run_playbook,
+    seed_target,
+)
 
 DEPLOYED_SUITE = Path(__file__).resolve().parent / "deployed"
 
@@ -241,9 +248,4 @@ def playbook(tmp_path: Path, target_root: Path, local_envs: Path) -> Callable[..
 @pytest.fixture
 def trainer_repo(source_repo) -> Path:
     """A git checkout holding a copy of the real dflash/ package, tagged v1."""
-    files = {
-        str(path.relative_to(REPO)): path.read_text()
-        for path in (REPO / "dflash").rglob("*")
-        if path.is_file() and "__pycache__" not in path.parts
-    }
-    return source_repo("v1", files)
+    return source_repo("v1", dflash_package_files())

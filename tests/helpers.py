@@ -97,6 +97,16 @@ def run_playbook(
     return PlaybookRun(rc=proc.returncode, output=output, recap=recap)
 
 
+def dflash_package_files() -> dict[str, str]:
+    """This checkout's dflash/ package, path (from the repository root) to text: the trainer
+    that a test's or a bench's own git source commits."""
+    return {
+        str(path.relative_to(REPO)): path.read_text()
+        for path in (REPO / "dflash").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+
+
 def git_source(repo: Path) -> Callable[[str, dict[str, str]], Path]:
     """A new git checkout at `repo`; call the result as commit(tag, files) to add a commit
     (tagged unless the tag is empty)."""

@@ -88,6 +88,15 @@ def add_release(repo: Path, tag: str, path: str, text: str) -> None:
     subprocess.run([*git, "tag", tag], check=True)
 
 
+def tear_last_line(path: Path) -> bytes:
+    """Cut history.jsonl's last line in half, as a writer killed mid-write leaves it."""
+    text = path.read_bytes()
+    start = text.rstrip(b"\n").rfind(b"\n") + 1
+    torn = text[start : start + (len(text) - start) // 2]
+    path.write_bytes(text[:start] + torn)
+    return torn
+
+
 # A small package for env tests: a lock of it builds in seconds, torch would take a minute.
 PKG = "dflashtest-probe"
 

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,17 +38,22 @@ def history(root: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def each_process(name: str) -> Iterator[tuple[int, bytes]]:
+    """(pid, /proc/<pid>/<name>) of every live process that still has it."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                yield int(entry), Path(f"/proc/{entry}/{name}").read_bytes()
+            except OSError:
+                continue
+
+
 def process_table() -> dict[int, tuple[int, int]]:
     """Every live process's parent and process group, from /proc."""
     table = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            table[int(name)] = (int(fields[1]), int(fields[2]))
+    for pid, stat in each_process("stat"):
+        fields = stat.rsplit(b")", 1)[1].split()
+        table[pid] = (int(fields[1]), int(fields[2]))
     return table
 
 
@@ -77,16 +83,7 @@ def marked(marker: str) -> set[int]:
     """Every live process whose environment carries `marker` (PLAY_MARKER's value): a play's
     workers leave its process group (ansible-core's workers call setsid) but keep its env."""
     wanted = f"{PLAY_MARKER}={marker}".encode()
-    found = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                environ = Path(f"/proc/{name}/environ").read_bytes()
-            except OSError:
-                continue
-            if wanted in environ.split(b"\0"):
-                found.add(int(name))
-    return found
+    return {pid for pid, environ in each_process("environ") if wanted in environ.split(b"\0")}
 
 
 def orphans(pids: set[int], root: Path, play: subprocess.Popen | None = None) -> list[int]:

@@ -20,6 +20,7 @@ from tests.integration.conftest import (
     read_json,
     small_lock,
     status_of,
+    tear_last_line,
 )
 from tests.integration.test_local_bad_input import snapshot
 from tests.integration.test_local_converge import (
@@ -150,15 +151,6 @@ def test_a_release_name_means_one_tree_after_its_release_was_pruned(
     fixed = playbook("deploy.yml", dflash_ref=old_commit, **source)
     assert fixed.rc == 0, fixed.output
     assert os.readlink(target_root / "current") == f"releases/g{old_commit[:12]}"
-
-
-def tear_last_line(path: Path) -> bytes:
-    """Cut history.jsonl's last line in half, as a writer killed mid-write leaves it."""
-    text = path.read_bytes()
-    start = text.rstrip(b"\n").rfind(b"\n") + 1
-    torn = text[start : start + (len(text) - start) // 2]
-    path.write_bytes(text[:start] + torn)
-    return torn
 
 
 def test_a_torn_history_and_a_lost_trainer_json_are_repaired_without_a_restart(
