@@ -6,8 +6,10 @@ Standard library only. A ledger is JSON: {"seed", "duration_s", "every_s", "star
 supervisor.json}, "end": {...}}; each fault
 {"kind", "at", "bound_s", "expects" (the findings a verify may show until it is recovered),
 "detected": {"at", "by"} | null, "recovered": {"at", "how"} | null, ...its own figures}; each
-audit {"at", "rc", "verdict", "findings": [kind], "open_faults": [{"kind", "expects"} of the
-faults not yet recovered]}.
+audit {"from", "at" (its start and end), "rc", "verdict", "findings": [kind], "in_progress":
+[kind of the findings that say a run is in progress], "open_faults": [{"kind", "expects"} of the
+faults open at any moment of it], "beside": [the soak's own runs at any moment of it]}; each run
+{"name", "from", "to"}.
 """
 
 from __future__ import annotations
@@ -41,12 +43,17 @@ def schedule(seed: int, duration: float, every: float, kinds: Sequence[str]) -> 
 
 
 def false_alarms(audits: list[dict]) -> list[dict]:
-    """Audits that reported drift while no fault was open, or a finding no open fault explains."""
+    """Audits that reported drift with no fault open and no run of the soak's beside them, or a
+    finding that neither explains: an open fault's expected findings, or a run said to be in
+    progress while one of the soak's was."""
     wrong = []
     for audit in audits:
         allowed = {kind for fault in audit.get("open_faults", []) for kind in fault["expects"]}
+        if audit.get("beside"):
+            allowed.update(audit.get("in_progress", []))
         unexplained = [kind for kind in audit["findings"] if kind not in allowed]
-        if unexplained or (audit["verdict"] != "ok" and not audit.get("open_faults")):
+        quiet = not audit.get("open_faults") and not audit.get("beside")
+        if unexplained or (audit["verdict"] != "ok" and quiet):
             wrong.append({**audit, "unexplained": unexplained})
     return wrong
 

@@ -38,8 +38,13 @@ def lost_history_findings(facts: dict) -> list[dict]:
     """`history`: a root with releases whose history.jsonl is gone, or names no deployment of
     the current release: what may be rolled back to, and what keep-N may delete, is unknown."""
     current = (facts.get("current") or {}).get("release")
-    unknown = facts.get("unknown_releases") or []
-    if not facts.get("releases") or not (
+    # The release a deploy or rollback holding the lock makes current has its line written at
+    # that run's record step: not lost (the lock's own finding says the run is in progress, or
+    # was interrupted and how to finish it).
+    in_flight = (facts.get("deploy_lock") or {}).get("release")
+    unknown = [name for name in facts.get("unknown_releases") or [] if name != in_flight]
+    releases = [name for name in facts.get("releases") or [] if name != in_flight]
+    if not releases or not (
         facts.get("history_exists") is False or (current and current in unknown)
     ):
         return []

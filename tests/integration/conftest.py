@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.helpers import REPO, build_wheel
@@ -95,6 +96,17 @@ def tear_last_line(path: Path) -> bytes:
     torn = text[start : start + (len(text) - start) // 2]
     path.write_bytes(text[:start] + torn)
     return torn
+
+
+def write_records(path: Path, seed: int, length: int) -> Path:
+    """Samples the tiny target can take (ids below its MASK id, 127): a prompt, a response."""
+    rng = np.random.default_rng(seed)
+    with path.open("w") as out:
+        for _ in range(200):
+            ids = rng.integers(0, 127, length).tolist()
+            out.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 8 + [1] * (length - 8)}))
+            out.write("\n")
+    return path
 
 
 # A small package for env tests: a lock of it builds in seconds, torch would take a minute.

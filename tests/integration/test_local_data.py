@@ -13,24 +13,11 @@ import re
 import time
 from pathlib import Path
 
-import numpy as np
-
 from dflash.prepare import prepare
 from dflash.records import Settings
-from tests.integration.conftest import TRAINER_ARGS, read_json, status_of
+from tests.integration.conftest import TRAINER_ARGS, read_json, status_of, write_records
 
 ARGS = {key: value for key, value in TRAINER_ARGS.items() if key != "gen_samples"}
-
-
-def write_records(path: Path, seed: int, length: int) -> Path:
-    """Samples the tiny target can take (ids below its MASK id, 127): a prompt, a response."""
-    rng = np.random.default_rng(seed)
-    with path.open("w") as out:
-        for _ in range(200):
-            ids = rng.integers(0, 127, length).tolist()
-            out.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 8 + [1] * (length - 8)}))
-            out.write("\n")
-    return path
 
 
 def history(root: Path) -> list[dict]:

@@ -79,6 +79,24 @@ def test_a_finding_without_an_open_fault_to_explain_it_is_a_false_alarm():
     assert [(a["at"], a["unexplained"]) for a in false_alarms(audits)] == [(30, ["code"]), (40, [])]
 
 
+def test_a_run_in_progress_is_explained_only_while_one_of_the_soaks_runs_beside_the_audit():
+    deploy = ["deploy.yml"]
+    audits = [
+        # A cron verify beside the soak's deploy: "a deploy is in progress" is the truth.
+        {"at": 10, "verdict": "drift", "findings": ["release"], "in_progress": ["release"],
+         "open_faults": [], "beside": deploy},
+        # The same with nothing of the soak's running: a lock no run holds, a false alarm.
+        {"at": 20, "verdict": "drift", "findings": ["release"], "in_progress": ["release"],
+         "open_faults": [], "beside": []},
+        # Beside a run, a finding that is not "in progress" still needs a fault to explain it.
+        {"at": 30, "verdict": "drift", "findings": ["release", "code"], "in_progress": ["release"],
+         "open_faults": [], "beside": deploy},
+    ]  # fmt: skip
+    assert [(a["at"], a["unexplained"]) for a in false_alarms(audits)] == [
+        (20, ["release"]), (30, ["code"])
+    ]  # fmt: skip
+
+
 def test_history_lines_must_parse_and_no_deployment_be_recorded_twice():
     deploy = json.dumps({"action": "deploy", "run_id": "r1"})
     restart = json.dumps({"action": "restart", "run_id": "r1"})

@@ -152,3 +152,28 @@ def test_an_interrupted_line_names_an_intent_and_no_code() -> None:
     assert [f for f in dflash_findings(facts) if f["kind"] == "release"] == []
     assert select([recorded, interrupted], "v6", "v6") == 0
     assert select([recorded, interrupted], "v6", "last") == 0
+
+
+@pytest.mark.parametrize("holder_alive", [True, False])
+def test_the_release_a_locked_run_makes_current_is_not_lost_history(holder_alive: bool) -> None:
+    """A deploy writes the new release's history line at its record step, after its health
+    check: a verify beside it (a cron's) named that release as lost history. The lock's own
+    finding says the run is in progress, or was interrupted and how to finish it."""
+    lock = {"action": "deploy", "release": "v2", "holder": {"pid": 1}, "age_s": 5,
+            "holder_alive": holder_alive}  # fmt: skip
+    facts = {
+        "root": "/opt/dflash", "root_exists": True, "current": {"release": "v2"},
+        "releases": ["v1", "v2"], "unknown_releases": ["v2"], "history_exists": True,
+        "deploy_lock": lock,
+    }  # fmt: skip
+    kinds = [(f["kind"], f.get("state")) for f in dflash_findings(facts)]
+    assert ("history", None) not in kinds
+    assert ("release", "in_progress" if holder_alive else "interrupted") in kinds
+    # The first deploy of a root: no history yet, the only release the one in flight.
+    first = {**facts, "releases": ["v2"], "history_exists": False}
+    assert "history" not in [f["kind"] for f in dflash_findings(first)]
+    # Without the lock, the same root has lost its history: named, with what it does not name.
+    for unlocked in ({**facts, "deploy_lock": None}, {**first, "deploy_lock": None, "releases":
+                                                       ["v1", "v2"]}):  # fmt: skip
+        [lost] = [f for f in dflash_findings(unlocked) if f["kind"] == "history"]
+        assert lost["found"].endswith("releases it does not name: v2"), lost
