@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from leftovers import stopped_at_exit  # noqa: E402
 from soak_ledger import check, parse_span, schedule, summary  # noqa: E402
+from soak_target import Target  # noqa: E402
 
 from dflash.prepare import prepare  # noqa: E402
 from dflash.records import Settings  # noqa: E402
@@ -72,10 +73,13 @@ EXPECTS = {
     "data_prepared_again": ["data"],
     "rollback_in_backoff": ["trainer_down", "heartbeat_stale"],  # the kill before the rollback
     "disk_full": ["disk"],
-    # A deploy killed midway leaves its lock behind until the rerun takes it over, and the
-    # release it made current without its history line.
-    "kill_deploy": ["release", "history"],
+    # A deploy killed midway leaves its lock behind until the rerun takes it over.
+    "kill_deploy": ["release"],
 }
+# The faults a person repairs, from what verify names (the rest the toolkit repairs itself, or
+# are a deploy or rollback whose own exit says how it went).
+BY_A_PERSON = ("kill_supervisor", "torn_history", "trainer_json_removed", "data_prepared_again",
+               "disk_full")  # fmt: skip
 # The state root's own file system for disk_full (a tmpfs: filling it harms nothing else), and
 # the reserve the toolkit keeps there; the fault leaves half the reserve free.
 TMPFS_SIZE = "6g"
@@ -100,6 +104,7 @@ class Soak:
             copy = "-a" if self.on_tmpfs else "-al"  # no hard link crosses file systems
             subprocess.run(["cp", copy, str(REPO / "sandbox" / "envs"), str(self.root / "envs")],
                            check=True)  # fmt: skip
+        self.target = Target(self.root)
         self.filler = self.root / "filler"
         self.source = tmp / "source"
         git_source(self.source)("v1", dflash_package_files())
@@ -141,7 +146,8 @@ class Soak:
             return {
                 "seed": self.args.seed, "duration_s": self.args.duration_s,
                 "every_s": self.args.every_s, "faults": list(self.faults),
-                "audits": list(self.audits), "runs": list(self.runs), "history": self.history(),
+                "audits": list(self.audits), "runs": list(self.runs),
+                "history": self.target.history(),
                 "goodput": {path.parent.name: (read_json(path) or {}).get("goodput", {})
                             for path in runs},
             }  # fmt: skip
@@ -157,50 +163,6 @@ class Soak:
     # --- what the target shows ---
     def now(self) -> float:
         return round(time.monotonic() - self.started, 2)
-
-    def status(self) -> dict[str, Any]:
-        return read_json(self.root / "runs" / "latest" / "status.json") or {}
-
-    def history(self) -> list[str]:
-        try:
-            return (self.root / "history.jsonl").read_text().splitlines()
-        except OSError:
-            return []
-
-    def records(self, after: int = 0) -> list[dict[str, Any]]:
-        """The history lines after the first `after` that parse (a torn one does not)."""
-        found = []
-        for line in self.history()[after:]:
-            try:
-                found.append(json.loads(line))
-            except ValueError:
-                continue
-        return found
-
-    def restart_lines(self, after: int) -> list[dict[str, Any]]:
-        return [record for record in self.records(after) if record.get("action") == "restart"]
-
-    def previous_release(self) -> str | None:
-        """The release rollback.yml goes back to, as docs/rollback.md says: the newest healthy
-        (or staged) deployment of another release than the current one."""
-        current = (self.root / "current").resolve().name
-        for record in reversed(self.records()):
-            good = record.get("result") in ("healthy", "deployed")
-            if good and record.get("release") != current and record.get("action") in (
-                "deploy", "rollback"):  # fmt: skip
-                return record["release"]
-        return None
-
-    def stepping(self, attempt_over: int = -1, release: str | None = None) -> bool:
-        status = self.status()
-        pid = status.get("pid")
-        return (
-            status.get("state") == "running"
-            and status.get("attempt", 0) > attempt_over
-            and status.get("step", 0) > (status.get("resumed_from_step") or 0)
-            and (release is None or status.get("release") == release)
-            and bool(pid) and os.path.exists(f"/proc/{pid}")
-        )  # fmt: skip
 
     # --- what the soak runs ---
     @contextmanager
@@ -275,11 +237,13 @@ class Soak:
             return
         self.ref = release or self.ref
         self.mark(fault, "detected", by="rc 0")
-        self.wait(lambda: self.stepping(release=release), 300)
-        if self.stepping(release=release):
-            self.mark(fault, "recovered", how=f"{self.status().get('release')} steps")
+        self.wait(lambda: self.target.stepping(release=release), 300)
+        if self.target.stepping(release=release):
+            self.mark(fault, "recovered", how=f"{self.target.status().get('release')} steps")
         else:
-            self.give_up(fault, f"no trainer of {release or 'any release'} steps: {self.status()}")
+            self.give_up(
+                fault, f"no trainer of {release or 'any release'} steps: {self.target.status()}"
+            )
 
     def wait(self, check: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -313,7 +277,7 @@ class Soak:
         with self.busy("deploy.yml (trainer killed in its health wait)"):
             play = self.background_deploy(tag, log)
             while play.poll() is None:
-                status = self.status()
+                status = self.target.status()
                 new = status.get("release") == tag and status.get("state") == "running"
                 if new and "killed_at" not in self.faults[-1] and status.get("pid"):
                     os.kill(status["pid"], signal.SIGKILL)
@@ -331,8 +295,8 @@ class Soak:
         run = self.deploy_killing_its_trainer(tag)
         fault["rc"] = run.rc
         if run.rc != 0:
-            self.wait(lambda: self.stepping(release=before), 120)
-            if "killed by signal 9" not in run.output or not self.stepping(release=before):
+            self.wait(lambda: self.target.stepping(release=before), 120)
+            if "killed by signal 9" not in run.output or not self.target.stepping(release=before):
                 self.give_up(fault, f"exited {run.rc}, {before} not back: {run.output[-1500:]}")
                 return
             self.mark(fault, "detected", by=f"the deploy named the kill; {before} steps again")
@@ -344,11 +308,11 @@ class Soak:
         self.ref = tag
         if not fault["detected"]:
             self.mark(fault, "detected", by="rc 0 (killed after the health check)")
-        self.wait(lambda: self.stepping(release=tag), 300)
-        if self.stepping(release=tag):
+        self.wait(lambda: self.target.stepping(release=tag), 300)
+        if self.target.stepping(release=tag):
             self.mark(fault, "recovered", how=f"{tag} steps")
         else:
-            self.give_up(fault, f"no trainer of {tag} steps: {self.status()}")
+            self.give_up(fault, f"no trainer of {tag} steps: {self.target.status()}")
 
     def fill_disk(self) -> None:
         """The root's file system filled to half the reserve, as other files on it would."""
@@ -358,19 +322,20 @@ class Soak:
 
     def inject(self, kind: str) -> None:
         self.injected_at = self.now()
-        status = self.status()
+        status = self.target.status()
         args = self.args
         audit_bound = args.verify_every_s + 600  # the next audit, then its hint
-        if kind in ("kill_trainer", "hang", "rollback_in_backoff") and not self.stepping():
+        if kind in ("kill_trainer", "hang", "rollback_in_backoff") and not self.target.stepping():
             self.say(f"{kind} skipped: no trainer steps ({status.get('state')})")
         elif kind in ("kill_trainer", "hang"):
             bound = args.backoff_max_s + 180 + (args.hang_after if kind == "hang" else 0)
             self.fault(
                 kind, bound, pid=status.get("pid"), attempt=status.get("attempt", 0),
-                step_at_kill=status.get("step", 0), history_at=len(self.history()),
+                step_at_kill=status.get("step", 0), history_at=len(self.target.history()),
                 checkpoint_at_kill=(status.get("checkpoint") or {}).get("step", 0),
                 step_slack=STEP_SLACK,
             )  # fmt: skip
+            self.faults[-1]["killed_wall"] = time.time()
             os.kill(status["pid"], signal.SIGKILL if kind == "kill_trainer" else signal.SIGSTOP)
         elif kind == "kill_supervisor":
             supervisor = read_json(self.root / "runs" / "latest" / "supervisor.json")["pid"]
@@ -393,7 +358,7 @@ class Soak:
         elif kind == "new_release":
             tag = self.new_commit()
             self.action(kind, lambda: self.deploy(tag), tag)
-        elif kind.startswith("rollback") and not (before := self.previous_release()):
+        elif kind.startswith("rollback") and not (before := self.target.previous_release()):
             self.say(f"{kind} skipped: history names no deployment before the current one")
         elif kind == "rollback":
             self.action(kind, lambda: self.playbook("rollback.yml"), before)
@@ -415,11 +380,15 @@ class Soak:
             if fault["kind"] not in ("kill_trainer", "hang"):
                 continue
             reason = "signal SIGKILL" if fault["kind"] == "kill_trainer" else "hung"
-            lines = [x for x in self.restart_lines(fault["history_at"]) if x["reason"] == reason]
+            lines = [
+                x for x in self.target.restart_lines(fault["history_at"]) if x["reason"] == reason
+            ]
             if lines and not fault["detected"]:
                 fault["restart_line"] = lines[0]
                 self.mark(fault, "detected", by=f"restart line: {reason}")
-            if fault["detected"] and self.stepping(attempt_over=fault["attempt"]):
+            if fault["detected"] and self.target.stepping(attempt_over=fault["attempt"]):
+                # The ledger's own time down: from the kill to the first step logged after it.
+                fault["first_step_wall"] = self.target.first_step_after(fault["killed_wall"])
                 self.mark(fault, "recovered", how="the supervisor restarted it")
         self.read_audits()
 
@@ -476,7 +445,7 @@ class Soak:
                 return
             for fault in self.open_faults():
                 named = [f for f in findings if f["kind"] in fault["expects"]]
-                if not named or fault["at"] > audit["from"] or fault["kind"] == "kill_deploy":
+                if not named or fault["at"] > audit["from"] or fault["kind"] not in BY_A_PERSON:
                     continue
                 if not fault["detected"]:
                     self.mark(fault, "detected", by=f"verify: {named[0]['kind']}")
@@ -502,8 +471,8 @@ class Soak:
         run = self.playbook(name, **extra)
         fault["hint"] = hint
         if run.rc == 0:
-            self.wait(lambda: self.stepping(), 300)
-        if run.rc == 0 and self.stepping():
+            self.wait(lambda: self.target.stepping(), 300)
+        if run.rc == 0 and self.target.stepping():
             self.mark(fault, "recovered", how=f"the hint: {name} {extra}")
         else:
             self.give_up(fault, f"the hint {hint!r} exited {run.rc}: {run.output[-1500:]}")
@@ -539,14 +508,15 @@ class Soak:
                 self.inject(kind)
                 self.save()
             self.settle(settled)
-            self.wait(lambda: self.stepping(), 300)
+            self.wait(lambda: self.target.stepping(), 300)
         finally:
             done.set()
             cron.join()
         self.read_audits()
         last = self.audit()
         end = {"verdict": last["verdict"], "findings": last["findings"],
-               "stepping": self.stepping(), "release": self.status().get("release")}  # fmt: skip
+               "stepping": self.target.stepping(),
+               "release": self.target.status().get("release")}  # fmt: skip
         return {**self.ledger(), "end": end}
 
     def unmount(self) -> None:

@@ -113,6 +113,16 @@ def fault_problems(faults: list[dict]) -> list[str]:
                     f"saw {seen_lost} (step {fault['step_at_kill']} at the kill, resumed from "
                     f"{line['resumed_from_step']})"
                 )
+        first = fault.get("first_step_wall")
+        if line and fault["kind"] == "kill_trainer" and first and line.get("time_to_first_step_s"):
+            # Time down, the kill to the first step: the supervisor's figure against the ledger's
+            # (the kill's own clock, the step's time in train.log), within a second.
+            seen = first - fault["killed_wall"]
+            if abs(seen - line["time_to_first_step_s"]) > 1.0:
+                problems.append(
+                    f"{name}: the restart line says {line['time_to_first_step_s']} s from the end "
+                    f"to the first step, the ledger saw {seen:.1f} s from the kill"
+                )
         if line and line["resumed_from_step"] < fault.get("checkpoint_at_kill", 0):
             problems.append(
                 f"{name}: resumed from step {line['resumed_from_step']}, before the newest "

@@ -328,6 +328,14 @@ def dflash_findings(
     )
 
 
+def while_in_progress(findings: list[dict]) -> list[dict]:
+    """A deploy, rollback or stop in progress (its lock held by a live run) is the one finding:
+    what that run is changing (the old trainer still stopping, the new one starting, a release
+    made current and not yet recorded) is judged once it has ended, as its hint says."""
+    in_progress = [item for item in findings if item.get("state") == "in_progress"]
+    return in_progress or findings
+
+
 def verify_verdict(facts: dict, findings: list[dict]) -> str:
     """A host's verdict: `drift` with any finding, else `stopped` when stop.yml stopped its
     trainer (on purpose: not an alert), else `ok`."""
@@ -360,6 +368,7 @@ class FilterModule:
     def filters(self) -> dict:
         return {
             "dflash_findings": dflash_findings,
+            "dflash_while_in_progress": while_in_progress,
             "dflash_report_lines": dflash_report_lines,
             "dflash_verify_verdict": verify_verdict,
             "dflash_data_record": recorded,

@@ -47,8 +47,9 @@ def says(what: str, expected: Any, found: Any, fix: str) -> str:
 
 def findings(state: Target, *kinds: str) -> list[dict]:
     """verify.yml's findings for this host, only those of the given kinds (all without): the
-    same four rule sets as roles/dflash_verify/tasks/main.yml."""
-    found = (
+    same four rule sets as roles/dflash_verify/tasks/main.yml, and its rule for a run in
+    progress."""
+    found = FILTERS.while_in_progress(
         FILTERS.dflash_findings(state.facts, state.heartbeat_max_age)
         + VERIFY.throughput_findings(
             state.facts, state.min_throughput_ratio, state.heartbeat_max_age

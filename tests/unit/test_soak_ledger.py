@@ -68,6 +68,16 @@ def test_steps_lost_must_match_what_the_ledger_saw_and_resume_not_before_the_che
     assert "resumed from step 20, before the newest checkpoint 25" in back
 
 
+def test_time_down_must_match_the_kill_and_the_first_step_the_ledger_saw_within_a_second():
+    line = {"steps_lost": 0, "resumed_from_step": 20, "time_to_first_step_s": 7.8}
+    timed = {"restart_line": line, "step_at_kill": 20, "killed_wall": 1000.0}
+    assert fault_problems([fault(**timed, first_step_wall=1008.5)]) == []
+    [told] = fault_problems([fault(**timed, first_step_wall=1009.5)])
+    assert "says 7.8 s from the end to the first step, the ledger saw 9.5 s from the kill" in told
+    # A hang's restart is timed from the supervisor's kill, which the ledger does not see.
+    assert fault_problems([fault("hang", **timed, first_step_wall=1030.0)]) == []
+
+
 def test_a_finding_without_an_open_fault_to_explain_it_is_a_false_alarm():
     down = {"kind": "kill_trainer", "expects": ["trainer_down"]}
     audits = [

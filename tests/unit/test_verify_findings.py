@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dflash_filters import dflash_findings, dflash_report_lines
+from dflash_filters import dflash_findings, dflash_report_lines, while_in_progress
 
 
 def facts(**overrides) -> dict:
@@ -80,6 +80,32 @@ def test_a_run_in_progress_or_interrupted_is_named_instead_of_a_switch():
     # Silent for longer than the lease: interrupted.
     silent = dict(lock, holder_alive=None, age_s=4000)
     assert dflash_findings(facts(deploy_lock=silent), 60, 1800)[0]["state"] == "interrupted"
+
+
+def test_a_run_in_progress_is_the_one_finding_and_an_interrupted_one_is_not():
+    """A cron verify beside a deploy saw the old trainer still stopping (`stale_process`) and
+    the new release not yet recorded (`history`) beside the deploy in progress: the deploy's
+    own work, named as drift. While a live run holds the lock, the run is the one finding."""
+    holder = {"user": "u", "host": "ctl", "pid": 4242, "boot_id": "other-kernel"}
+    lock = {"action": "deploy", "release": "v3", "phase": "launch", "holder": holder, "age_s": 5}
+    # Mid-deploy: current already v3, its history line not yet written, a file not yet right.
+    mid = {"current": dict(facts()["current"], release="v3",
+                           manifest={"release": "v3", "tree_sha256": "t3"}),
+           "files": {"changed": ["dflash/a.py"], "missing": [], "extra": []}}  # fmt: skip
+    live = dflash_findings(facts(**mid, deploy_lock=dict(lock, holder_alive=None)))
+    assert [f["kind"] for f in live] == ["release", "code"]
+    assert [(f["kind"], f["state"]) for f in while_in_progress(live)] == [
+        ("release", "in_progress")
+    ]  # fmt: skip
+    assert "verify again once it has ended" in while_in_progress(live)[0]["hint"]
+    # Its holder dead: interrupted, and everything it left is named beside it.
+    dead = dflash_findings(facts(**mid, deploy_lock=dict(lock, holder_alive=False)))
+    assert while_in_progress(dead) == dead
+    assert [(f["kind"], f["state"]) for f in dead] == [
+        ("release", "interrupted"), ("code", "changed")
+    ]  # fmt: skip
+    # No lock: the findings as they are.
+    assert while_in_progress(dflash_findings(facts(**mid))) == dflash_findings(facts(**mid))
 
 
 def test_current_that_is_not_a_link_is_named():
