@@ -236,7 +236,8 @@ class Soak:
             self.give_up(fault, f"exited {run.rc}: {run.output[-1500:]}")
             return
         self.ref = release or self.ref
-        self.mark(fault, "detected", by="rc 0")
+        if not fault["detected"]:
+            self.mark(fault, "detected", by="rc 0")
         self.wait(lambda: self.target.stepping(release=release), 300)
         if self.target.stepping(release=release):
             self.mark(fault, "recovered", how=f"{self.target.status().get('release')} steps")
@@ -285,34 +286,21 @@ class Soak:
                 time.sleep(0.2)
         return SimpleNamespace(rc=play.returncode, output=log.read_text(errors="replace"))
 
-    def health_wait_kill(self, tag: str) -> None:
+    def deploy_through_a_health_wait_kill(self, tag: str) -> Any:
         """A trainer that ends inside its deploy's health wait fails the deploy at once, even
         while its supervisor would restart it (docs/deploy.md): the deploy must name the kill and
         put the release before back, stepping; the plain rerun a person then makes deploys
         `tag`. (A kill that came after the health check is a restart like any other.)"""
-        before = self.ref
-        fault = self.fault("kill_in_health_wait", 600, at=self.injected_at)
+        before, fault = self.ref, self.faults[-1]
         run = self.deploy_killing_its_trainer(tag)
-        fault["rc"] = run.rc
-        if run.rc != 0:
-            self.wait(lambda: self.target.stepping(release=before), 120)
-            if "killed by signal 9" not in run.output or not self.target.stepping(release=before):
-                self.give_up(fault, f"exited {run.rc}, {before} not back: {run.output[-1500:]}")
-                return
-            self.mark(fault, "detected", by=f"the deploy named the kill; {before} steps again")
-            run = self.deploy(tag)
-            fault["rerun_rc"] = run.rc
-        if run.rc != 0:
-            self.give_up(fault, f"the rerun exited {run.rc}: {run.output[-1500:]}")
-            return
-        self.ref = tag
-        if not fault["detected"]:
-            self.mark(fault, "detected", by="rc 0 (killed after the health check)")
-        self.wait(lambda: self.target.stepping(release=tag), 300)
-        if self.target.stepping(release=tag):
-            self.mark(fault, "recovered", how=f"{tag} steps")
-        else:
-            self.give_up(fault, f"no trainer of {tag} steps: {self.target.status()}")
+        fault["first_rc"] = run.rc
+        if run.rc == 0:
+            return run
+        self.wait(lambda: self.target.stepping(release=before), 120)
+        if "killed by signal 9" not in run.output or not self.target.stepping(release=before):
+            return SimpleNamespace(rc=run.rc, output=f"{before} not back: {run.output}")
+        self.mark(fault, "detected", by=f"the deploy named the kill; {before} steps again")
+        return self.deploy(tag)
 
     def fill_disk(self) -> None:
         """The root's file system filled to half the reserve, as other files on it would."""
@@ -370,7 +358,8 @@ class Soak:
             tag = self.new_commit()
             self.action(kind, lambda: self.killed_deploy_then_rerun(tag), tag)
         elif kind == "kill_in_health_wait":
-            self.health_wait_kill(self.new_commit())
+            tag = self.new_commit()
+            self.action(kind, lambda: self.deploy_through_a_health_wait_kill(tag), tag)
 
     # --- what the toolkit said ---
     def observe(self) -> None:
