@@ -2,6 +2,7 @@
 #   make demo   deploy to the embedded local target (a CPU trainer), then verify it
 #   make test   lint everything and run the test suite (what CI runs)
 #   make lock   resolve pyproject.toml again into requirements.lock (what make venv installs)
+#   make env-lock SPEC=inventory/env-locks/cpu.in.yml   a target env's lock, every wheel hashed
 # For the inner loop: make test-quick (lint, the unit tests and the trainer's quick tests).
 PYTHON ?= python3
 VENV := .venv
@@ -21,7 +22,7 @@ PLAYBOOKS := $(wildcard *.yml) $(wildcard playbooks/*.yml)
 PIP_WHEEL_DIRS = $(strip $(PIP_FIND_LINKS) $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 FIND_LINKS = $(foreach dir,$(sort $(PIP_WHEEL_DIRS)),--find-links $(dir))
 
-.PHONY: venv lock demo test test-quick lint clean-sandbox
+.PHONY: venv lock env-lock demo test test-quick lint clean-sandbox
 
 venv: $(STAMP)
 
@@ -49,6 +50,15 @@ lock:
 	.build/uv/bin/uv pip compile pyproject.toml --extra trainer --extra dev \
 		--generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 		$(FIND_LINKS) --custom-compile-command "make lock" -o $(LOCK)
+
+# A target environment's lock from its spec, resolved for the target's platform with every
+# wheel's hash (docs/environment-lock.md): make env-lock SPEC=inventory/env-locks/cpu.in.yml
+SPEC ?= inventory/env-locks/cpu.in.yml
+env-lock: venv
+	.build/uv/bin/uv --version 2>/dev/null | grep -q ' $(UV_VERSION)' || \
+		$(PYTHON) -m pip install -q --upgrade --target .build/uv uv==$(UV_VERSION)
+	ansible-playbook playbooks/env_lock.yml -e dflash_env_lock_spec=$(SPEC) \
+		-e '{"dflash_env_lock_find_links": [$(foreach dir,$(sort $(PIP_WHEEL_DIRS)),"$(dir)",)]}'
 
 demo: venv
 	ansible-playbook playbooks/wheelhouse.yml

@@ -33,18 +33,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-import yaml  # noqa: E402
 
-from tests.helpers import ANSIBLE_PLAYBOOK, playbook_command, playbook_env  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    ANSIBLE_PLAYBOOK,
+    local_env_lock,
+    playbook_command,
+    playbook_env,
+)
 from tests.testbed.bed import PCT_CONNECTION, PLAIN_PCT_CONNECTION, Testbed  # noqa: E402
 
 SEED = "/opt/dflash-bench-seed"
-
-
-def local_lock(wheelhouse: str) -> dict:
-    inventory = yaml.safe_load((REPO / "inventory" / "local.yml").read_text())
-    lock = inventory["all"]["children"]["dflash_targets"]["hosts"]["local"]["dflash_env_lock"]
-    return dict(lock, source={"wheelhouse": wheelhouse})
 
 
 def timed(cmd: list[str]) -> float:
@@ -188,7 +186,7 @@ def main() -> None:
     try:
         for wheel in (REPO / ".build" / "wheelhouse").glob("*.whl"):
             shutil.copy(wheel, bed.wheelhouse)
-        lock = local_lock(bed.wheelhouse_ct)
+        lock = local_env_lock(bed.wheelhouse_ct)
         with tempfile.TemporaryDirectory() as tmp_name:
             tmp = Path(tmp_name)
             seed_inv = bed.inventory(

@@ -116,8 +116,9 @@ from ansible.module_utils.dflash_env_lock import (
     installed_versions,
     lock_id,
     lock_problems,
-    normalize,
     pinned,
+    requirement_lines,
+    unhashed,
     version_drift,
 )
 from ansible.module_utils.dflash_envcheck import (
@@ -165,6 +166,7 @@ def pip_command(lock: dict, env_python: str, files: dict) -> list[str]:
     source = lock["source"]
     args = [
         "install",
+        *(["--require-hashes"] if not unhashed(lock) else []),
         "--no-deps",
         "--only-binary=:all:",
         "--no-input",
@@ -178,17 +180,10 @@ def pip_command(lock: dict, env_python: str, files: dict) -> list[str]:
 
 
 def requirements_file(lock: dict) -> str:
-    hashes = {normalize(k): v for k, v in (lock.get("sha256") or {}).items()}
-    pins = pinned(lock)
-    hashed_all = bool(hashes) and set(hashes) >= set(pins)
-    lines = []
-    for name, version in sorted(pins.items()):
-        line = f"{name}=={version}"
-        if hashed_all:
-            line += f" --hash=sha256:{hashes[name]}"
-        lines.append(line)
+    """The pins as pip reads them; with every wheel's hash (a lock made by `make env-lock`)
+    pip checks each file against its hashes before it installs any (--require-hashes)."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
-        handle.write("\n".join(lines) + "\n")
+        handle.write("\n".join(requirement_lines(lock)) + "\n")
     return handle.name
 
 
@@ -343,7 +338,9 @@ def adopt(lock: dict, env_dir: str, check_mode: bool) -> dict:
 
 def run(module: AnsibleModule) -> dict:
     lock, root = module.params["lock"], module.params["root"]
-    problems = lock_problems(lock)
+    # Whether an unhashed lock may be deployed is preflight's question (before any change);
+    # a recorded one (a rollback's) is installed as it was, with its hashes where it has them.
+    problems = lock_problems(lock, unhashed_ok=True)
     if problems:
         raise EnvError("; ".join(problems))
     lid = lock_id(lock)

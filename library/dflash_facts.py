@@ -537,8 +537,7 @@ def read(params: dict) -> dict:
     if params["check_release"]:
         facts["release_check"] = release_check(params["root"], params["check_release"])
     if params["lock"] is not None:
-        facts["lock_problems"] = environment_check(params["lock"])
-        if not lock_problems(params["lock"]):
+        if not lock_problems(params["lock"], unhashed_ok=True):
             wanted = lock_id_of(params["lock"])
             deployed = facts["environment"]
             # A redeploy of the same lock: that env was just read (the same pins, so the same
@@ -549,11 +548,16 @@ def read(params: dict) -> dict:
                 else environment(params["root"], wanted, params["lock"])
             )
             env = facts["wanted_env"]
+            # Hashing the wheels (a CUDA closure is gigabytes) only where they are installed:
+            # an env already built from this lock was checked when it was.
+            facts["lock_problems"] = environment_check(params["lock"], not env["exists"])
             if not env["exists"] and not env["adopted"]:  # to be built: how large, about
                 reference = deployed["path"] if deployed and deployed["exists"] else None
                 env["estimate_bytes"], env["estimate_basis"] = install_estimate(
                     params["lock"], reference
                 )
+        else:
+            facts["lock_problems"] = environment_check(params["lock"])
     if params["data"] is not None:
         facts["wanted_data"] = read_data(params["data"])
     facts["cpu_consumers"] = consumers_if_contended(

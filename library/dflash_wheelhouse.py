@@ -52,9 +52,15 @@ import glob
 import os
 import subprocess
 import sys
+import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_env_lock import lock_problems, pinned, wheel_name_version
+from ansible.module_utils.dflash_env_lock import (
+    lock_problems,
+    pinned,
+    requirement_lines,
+    wheel_name_version,
+)
 
 
 def present(dest: str) -> set[tuple[str, str]]:
@@ -63,6 +69,26 @@ def present(dest: str) -> set[tuple[str, str]]:
         for path in glob.glob(os.path.join(dest, "*.whl"))
         if (parsed := wheel_name_version(os.path.basename(path)))
     }
+
+
+def download(module: AnsibleModule, dest: str, lines: list[str]) -> None:
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
+        handle.write("\n".join(lines) + "\n")
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--dest", dest, "-r", handle.name,
+    ]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    finally:
+        os.unlink(handle.name)
+    if proc.returncode != 0:
+        names = ", ".join(line.split(" ")[0] for line in lines)
+        module.fail_json(
+            msg=f"pip download of {names} failed; check the lock's versions and hashes and "
+            f"this machine's index: {proc.stderr[-2000:]}",
+            cmd=cmd,
+        )
 
 
 def main() -> None:
@@ -74,7 +100,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     lock, dest = module.params["lock"], module.params["dest"]
-    problems = lock_problems(lock)
+    problems = lock_problems(lock, unhashed_ok=True)
     if problems:
         module.fail_json(msg="; ".join(problems))
     have = present(dest) if os.path.isdir(dest) else set()
@@ -84,25 +110,12 @@ def main() -> None:
     if not missing or module.check_mode:
         module.exit_json(changed=bool(missing), downloaded=missing)
     os.makedirs(dest, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--disable-pip-version-check",
-        "--dest",
-        dest,
-        *missing,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        module.fail_json(
-            msg=f"pip download of {', '.join(missing)} failed; check the lock's versions and "
-            f"this machine's index: {proc.stderr[-2000:]}",
-            cmd=cmd,
-        )
+    # With the lock's hashes pip checks each download against them (pip itself is the
+    # installer, not part of the env: it is fetched on its own, unhashed).
+    wanted = [line for line in requirement_lines(lock) if line.split(" ")[0] in missing]
+    for batch in (wanted, ["pip"] if "pip" in missing else []):
+        if batch:
+            download(module, dest, batch)
     module.exit_json(changed=True, downloaded=missing)
 
 

@@ -31,6 +31,9 @@ def release_check(root: str, release: str) -> dict:
     return {"release": release, "present": True, "drift": file_drift(folder, manifest)}
 
 
-def environment_check(lock: dict | None) -> list[str]:
-    """What keeps the lock from being built here (its Python, its wheelhouse); [] if nothing."""
-    return lock_target_problems(lock) if isinstance(lock, dict) and lock.get("python") else []
+def environment_check(lock: dict | None, check_hashes: bool = True) -> list[str]:
+    """What keeps the lock from being built here (its Python, its wheelhouse, where
+    `check_hashes` each wheel's hash); [] if nothing."""
+    if not (isinstance(lock, dict) and lock.get("python")):
+        return []
+    return lock_target_problems(lock, check_hashes)

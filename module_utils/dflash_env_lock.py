@@ -41,8 +41,11 @@ def adopts(lock: dict) -> str | None:
     return (lock.get("source") or {}).get("python") or None
 
 
-def lock_problems(lock: object) -> list[str]:
-    """Everything wrong with a lock, each naming the value and the fix; [] when it is valid."""
+def lock_problems(lock: object, unhashed_ok: bool = False) -> list[str]:
+    """Everything wrong with a lock, each naming the value and the fix; [] when it is valid.
+
+    A lock a deploy installs must carry every wheel's hash unless `unhashed_ok`
+    (dflash_env_lock_unhashed): a version alone does not say which file was built."""
     if not isinstance(lock, dict):
         return [f"dflash_env_lock must be a mapping (python, torch, wheels, source), got {lock!r}"]
     problems = []
@@ -76,12 +79,40 @@ def lock_problems(lock: object) -> list[str]:
             "interpreter on the target, e.g. /opt/torch/.venv/bin/python3"
         )
     pins = {normalize(str(n)) for n in names}
-    for name, digest in (lock.get("sha256") or {}).items():
+    for name, digests in (lock.get("sha256") or {}).items():
         if normalize(name) not in pins:
             problems.append(f"dflash_env_lock.sha256 names '{name}', which the lock does not pin")
-        if not _SHA_RE.match(str(digest)):
-            problems.append(f"dflash_env_lock.sha256 of '{name}' is not a hex sha256")
+        given = digests if isinstance(digests, list) else [digests]
+        if not given or not all(_SHA_RE.match(str(digest)) for digest in given):
+            problems.append(
+                f"dflash_env_lock.sha256 of '{name}' is not a hex sha256 (or a list of them)"
+            )
+    missing = unhashed(lock)
+    if missing and not unhashed_ok:
+        problems.append(
+            f"dflash_env_lock pins {len(missing)} wheel(s) without a sha256 "
+            f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}), so nothing "
+            "proves the wheels installed are the ones locked: generate the lock with "
+            "`make env-lock SPEC=<spec>` (docs/environment-lock.md), which records every "
+            "wheel's hash, or set dflash_env_lock_unhashed: true to install them unchecked"
+        )
     return problems
+
+
+def hashes(lock: dict) -> dict[str, list[str]]:
+    """{normalised name: [sha256, ...]}: any one of them is the wheel the lock means (a
+    resolver lists one per file that fits the target)."""
+    return {
+        normalize(name): digests if isinstance(digests, list) else [digests]
+        for name, digests in (lock.get("sha256") or {}).items()
+    }
+
+
+def unhashed(lock: dict) -> list[str]:
+    """The pins without a hash, [] for an adopted interpreter (nothing is installed into it)."""
+    if adopts(lock):
+        return []
+    return sorted(set(pinned(lock)) - set(hashes(lock)))
 
 
 def lock_id(lock: dict) -> str:
@@ -110,7 +141,13 @@ def wheel_name_version(filename: str) -> tuple[str, str] | None:
 
 
 def requirement_lines(lock: dict) -> list[str]:
-    return [f"{name}=={version}" for name, version in sorted(pinned(lock).items())]
+    """name==version per pin, each with its hashes where every pin has one (pip takes hashes
+    on all lines or on none)."""
+    digests = {} if unhashed(lock) or adopts(lock) else hashes(lock)
+    return [
+        f"{name}=={version}" + "".join(f" --hash=sha256:{d}" for d in digests.get(name, []))
+        for name, version in sorted(pinned(lock).items())
+    ]
 
 
 def installed_versions(env_dir: str) -> dict[str, str]:
@@ -185,8 +222,17 @@ def version_drift(lock: dict, installed: dict[str, str]) -> list[dict]:
     pins = pinned(lock)
     names = set(pins) if adopts(lock) else set(pins) | set(installed)
     for name in sorted(names):
-        if pins.get(name) != installed.get(name):
+        if not matches(pins.get(name), installed.get(name)):
             drift.append(
                 {"package": name, "expected": pins.get(name), "found": installed.get(name)}
             )
     return drift
+
+
+def matches(pin: str | None, found: str | None) -> bool:
+    """A pin is met by exactly its version; one without a local label (PyPI's torch 2.11.0)
+    also by that version with one (2.11.0+cu130, as torch reports its build), as PEP 440's
+    == does: the lock's `cuda` then says which build it must be."""
+    if pin is None or found is None:
+        return pin == found
+    return found == pin or ("+" not in pin and found.split("+")[0] == pin)

@@ -14,10 +14,13 @@ from ansible.module_utils.dflash_disk import WHEEL_EXPANSION, tree_bytes
 from ansible.module_utils.dflash_env_lock import (
     adopts,
     interpreter_versions,
-    normalize,
+    matches,
     pinned,
     version_drift,
     wheel_name_version,
+)
+from ansible.module_utils.dflash_env_lock import (
+    hashes as lock_hashes,
 )
 from ansible.module_utils.dflash_guarded import CommandError, run_checked
 from ansible.module_utils.dflash_release import sha256_file
@@ -86,10 +89,12 @@ def install_estimate(lock: dict, reference_env: str | None) -> tuple[int, str]:
     return 0, "its size is not known before it is built"
 
 
-def check_wheelhouse(lock: dict, folder: str) -> dict[tuple[str, str], str]:
-    """Every pinned wheel is there, with the locked hash where one is given."""
+def check_wheelhouse(
+    lock: dict, folder: str, check_hashes: bool = True
+) -> dict[tuple[str, str], str]:
+    """Every pinned wheel is there, with (where `check_hashes`) one of the locked hashes."""
     files = wheelhouse_files(folder)
-    hashes = {normalize(k): v for k, v in (lock.get("sha256") or {}).items()}
+    hashes = lock_hashes(lock) if check_hashes else {}
     for name, version in sorted(pinned(lock).items()):
         path = files.get((name, version))
         if path is None:
@@ -99,21 +104,23 @@ def check_wheelhouse(lock: dict, folder: str) -> dict[tuple[str, str], str]:
                 f"{'versions ' + ', '.join(have) if have else 'no ' + name + ' wheel'}; add that "
                 "wheel (ansible-playbook playbooks/wheelhouse.yml) or fix the lock"
             )
-        if name in hashes and sha256_file(path) != hashes[name]:
+        if name in hashes and (found := sha256_file(path)) not in hashes[name]:
+            said = " or ".join(hashes[name])
             raise EnvError(
-                f"{os.path.basename(path)} in {folder} has sha256 {sha256_file(path)}, the lock "
-                f"says {hashes[name]}; replace the wheel or fix dflash_env_lock.sha256.{name}"
+                f"{os.path.basename(path)} in {folder} has sha256 {found}, the lock says {said}: "
+                "not the file that was locked. Download it again (remove it, then "
+                "ansible-playbook playbooks/wheelhouse.yml) or make the lock again (make env-lock)"
             )
     return files
 
 
-def lock_target_problems(lock: dict) -> list[str]:
+def lock_target_problems(lock: dict, check_hashes: bool = True) -> list[str]:
     """What keeps this lock from being built (or, an adopted interpreter, used) on this
     target; [] when nothing does."""
     checks = (
         [lambda: check_adopted(lock)]
         if adopts(lock)
-        else [lambda: find_python(str(lock["python"])), lambda: check_source(lock)]
+        else [lambda: find_python(str(lock["python"])), lambda: check_source(lock, check_hashes)]
     )
     problems = []
     for check in checks:
@@ -157,10 +164,10 @@ def check_adopted(lock: dict) -> dict:
     return check_runtime(lock, python)
 
 
-def check_source(lock: dict) -> None:
+def check_source(lock: dict, check_hashes: bool = True) -> None:
     source = lock.get("source") or {}
     if source.get("wheelhouse"):
-        check_wheelhouse(lock, source["wheelhouse"])
+        check_wheelhouse(lock, source["wheelhouse"], check_hashes)
 
 
 def driver_version() -> str | None:
@@ -190,7 +197,7 @@ def check_runtime(lock: dict, env_python: str) -> dict:
         "importing torch in the new env",
     )
     torch_version, cuda = json.loads(out.strip().splitlines()[-1])
-    if torch_version != str(lock["torch"]):
+    if not matches(str(lock["torch"]), torch_version):
         raise EnvError(f"torch.__version__ is {torch_version}, the lock says {lock['torch']}")
     if "cuda" in lock and (lock["cuda"] or None) != cuda:
         raise EnvError(f"torch.version.cuda is {cuda}, the lock says {lock['cuda']}")

@@ -13,13 +13,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.helpers import (
     REPO,
     PlaybookRun,
     dflash_package_files,
     git_source,
+    local_env_lock,
     run_playbook,
     seed_target,
 )
@@ -190,8 +190,7 @@ def local_wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def local_lock() -> dict:
     """The CPU lock of the embedded local inventory."""
-    inventory = yaml.safe_load((REPO / "inventory" / "local.yml").read_text())
-    return inventory["all"]["children"]["dflash_targets"]["hosts"]["local"]["dflash_env_lock"]
+    return local_env_lock()
 
 
 @pytest.fixture(scope="session")

@@ -44,6 +44,15 @@ class PlaybookRun:
 EVERY_TASK = {"ANSIBLE_DISPLAY_OK_HOSTS": "true", "ANSIBLE_DISPLAY_SKIPPED_HOSTS": "true"}
 
 
+def local_env_lock(wheelhouse: Path | str | None = None) -> dict:
+    """The embedded local target's CPU lock as inventory/local.yml renders it: the wheels and
+    hashes of inventory/env-locks/cpu.yml, from the checkout's wheelhouse (or `wheelhouse`)."""
+    import yaml
+
+    lock = yaml.safe_load((REPO / "inventory" / "env-locks" / "cpu.yml").read_text())
+    return {**lock, "source": {"wheelhouse": str(wheelhouse or REPO / ".build" / "wheelhouse")}}
+
+
 def playbook_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment ansible-playbook runs in: this process's, every task shown, `extra` (a
     user's shell variables) and the repo's ansible.cfg."""

@@ -189,6 +189,7 @@ def test_a_lock_wheel_the_wheelhouse_lacks_is_refused_first(deployed, local_lock
     root = Path(deployed["dflash_root"])
     before = snapshot(root)
     lock = {**local_lock, "wheels": {**local_lock["wheels"], "nosuch-package": "1.0"}}
+    lock["sha256"] = {**local_lock["sha256"], "nosuch-package": "0" * 64}
     lock["source"] = {"wheelhouse": str(REPO / ".build" / "wheelhouse")}
     run = run_playbook("deploy.yml", {**deployed, "dflash_env_lock": lock})
     assert run.rc != 0
@@ -293,4 +294,26 @@ def test_a_truncated_store_is_refused_with_the_command_that_prepares_it_again(de
     flat = " ".join(run.output.split())
     assert f"dflash_data '{store}' on local: {tokens.name} holds " in flat, flat
     assert "/envs/lock-" in flat and f"-m dflash.data prepare --force --out {store} " in flat
+    assert snapshot(root) == before
+
+
+def test_a_lock_without_hashes_is_refused_with_the_fix_unless_allowed(deployed, local_lock):
+    """A version alone does not say which file was built: a deploy refuses the lock before any
+    change, naming the wheels and both ways out; dflash_env_lock_unhashed lets it through."""
+    root = Path(deployed["dflash_root"])
+    before = snapshot(root)
+    lock = {key: value for key, value in local_lock.items() if key != "sha256"}
+    run = run_playbook("deploy.yml", {**deployed, "dflash_env_lock": lock})
+    assert run.rc != 0
+    assert f"pins {len(local_lock['wheels']) + 1} wheel(s) without a sha256" in run.text, run.output
+    assert "make env-lock SPEC=" in run.text and "dflash_env_lock_unhashed: true" in run.text
+    assert snapshot(root) == before
+    # The same lock, allowed: its env is the one deployed (the hashes are part of the lock's
+    # id, so a new env would be built): check mode says so and changes nothing.
+    allowed = run_playbook(
+        "deploy.yml", {**deployed, "dflash_env_lock": lock, "dflash_env_lock_unhashed": True},
+        check=True,
+    )  # fmt: skip
+    assert allowed.rc == 0, allowed.output
+    assert "without a sha256" not in allowed.text
     assert snapshot(root) == before

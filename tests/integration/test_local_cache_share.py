@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import REPO, run_playbook, seed_target
+from tests.helpers import REPO, local_env_lock, run_playbook, seed_target
 from tests.integration.test_local_cache import COMPILED
 
 
@@ -23,7 +23,7 @@ def hosts_inventory(tmp_path: Path, names: tuple[str, ...], envs: Path, **per_ho
     text = (REPO / "inventory" / "local.yml").read_text()
     inventory = yaml.safe_load(text.replace("{{ inventory_dir | dirname }}", str(REPO)))
     hosts = inventory["all"]["children"]["dflash_targets"]["hosts"]
-    base = hosts.pop("local")
+    base = {**hosts.pop("local"), "dflash_env_lock": local_env_lock()}
     for name in names:
         seed_target(tmp_path / name, envs)
         hosts[name] = {**base, "dflash_root": str(tmp_path / name), **per_host.get(name, {})}

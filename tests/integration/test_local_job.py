@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.helpers import REPO, run_playbook, seed_target
+from tests.helpers import REPO, local_env_lock, run_playbook, seed_target
 from tests.integration.conftest import IDLE_STEP_S, add_release, read_json
 
 # Two ranks per host (a target and a drafter rank) on the CPU, small enough for a 2-core box.
@@ -37,7 +37,7 @@ def job_inventory(tmp_path: Path, envs: Path | None = None, **per_host: dict) ->
     text = (REPO / "inventory" / "local.yml").read_text()
     inventory = yaml.safe_load(text.replace("{{ inventory_dir | dirname }}", str(REPO)))
     hosts = inventory["all"]["children"]["dflash_targets"]["hosts"]
-    base = hosts.pop("local")
+    base = {**hosts.pop("local"), "dflash_env_lock": local_env_lock()}
     port = free_port()
     for name in HOSTS:
         if envs is not None and not (tmp_path / name).exists():
