@@ -1,6 +1,6 @@
 #!/usr/bin/python
 # Builds envs/<lock-id> holding exactly the locked wheels, and proves it. Over 300 lines with its
-# ~80 lines of DOCUMENTATION; the code (~280) is one build: venv, pip, proof, marker, swap.
+# ~80 lines of DOCUMENTATION; the code (~250) is one build: venv, install, proof, marker, swap.
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -9,7 +9,9 @@ module: dflash_env
 short_description: A venv with exactly the locked wheels, checked against the lock
 description:
   - Creates C(envs/<lock-id>) from the lock (python, torch, triton, the other wheels of the
-    closure, the source) with C(pip install --no-deps) of exactly the pinned versions, then
+    closure, the source) with C(uv pip install --no-deps) (uv from its wheel in the wheelhouse,
+    or on the target's PATH) or else C(pip install --no-deps) of exactly the pinned versions,
+    each file checked against the lock's hashes where it has them, then
     checks the installed versions (local suffix included), C(torch.__version__),
     C(torch.version.cuda) and, where C(nvidia-smi) exists, the driver against the CUDA build.
   - Every check of the lock and its source runs before anything is created. A new lock is a new
@@ -99,7 +101,6 @@ diff:
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Callable
 
@@ -118,7 +119,6 @@ from ansible.module_utils.dflash_env_lock import (
     lock_problems,
     pinned,
     requirement_lines,
-    unhashed,
     version_drift,
 )
 from ansible.module_utils.dflash_envcheck import (
@@ -129,6 +129,7 @@ from ansible.module_utils.dflash_envcheck import (
     find_python,
 )
 from ansible.module_utils.dflash_guarded import CommandError, run_checked
+from ansible.module_utils.dflash_installer import install_command
 from ansible.module_utils.dflash_lock_watchdog import Watchdog
 from ansible.module_utils.dflash_lockfile import LockError, fence
 from ansible.module_utils.dflash_module_args import state_root_args
@@ -139,44 +140,6 @@ from ansible.module_utils.dflash_state import (
     deployment_index,
     read_history,
 )
-
-
-def pip_command(lock: dict, env_python: str, files: dict) -> list[str]:
-    pip_wheels = sorted(path for (name, _v), path in files.items() if name == "pip")
-    if pip_wheels:
-        # pip runs straight from its wheel, so the env (and the container) needs no pip.
-        base = [env_python, os.path.join(pip_wheels[-1], "pip")]
-    else:
-        system_python = shutil.which("python3")
-        probe = (
-            subprocess.run(
-                [system_python or "python3", "-m", "pip", "--version"],
-                capture_output=True,
-                check=False,
-            )
-            if system_python
-            else None
-        )
-        if not probe or probe.returncode != 0:
-            raise EnvError(
-                "no pip to install with: put a pip wheel into the lock's wheelhouse "
-                "(playbooks/wheelhouse.yml does) or install python3-pip on the target"
-            )
-        base = [system_python, "-m", "pip", "--python", env_python]
-    source = lock["source"]
-    args = [
-        "install",
-        *(["--require-hashes"] if not unhashed(lock) else []),
-        "--no-deps",
-        "--only-binary=:all:",
-        "--no-input",
-        "--disable-pip-version-check",
-    ]
-    if source.get("wheelhouse"):
-        args += ["--no-index", "--find-links", source["wheelhouse"]]
-    else:
-        args += ["--index-url", source["index_url"]]
-    return base + args
 
 
 def requirements_file(lock: dict) -> str:
@@ -209,19 +172,16 @@ def install(
     )
     env_python = os.path.join(env_dir, "bin", "python")
     reqs = requirements_file(lock)
+    workdir = tempfile.mkdtemp(prefix=".installer-", dir=os.path.dirname(env_dir))
     try:
-        # The lock alone decides what is installed: no user or site pip configuration.
-        pip_env = dict(os.environ, PIP_CONFIG_FILE=os.devnull)
+        # The lock alone decides what is installed: no user or site configuration.
+        cmd, env, what = install_command(lock, env_python, files, workdir)
         run_checked(
-            [*pip_command(lock, env_python, files), "-r", reqs],
-            timeout,
-            "pip install of the locked wheels",
-            env=pip_env,
-            check=check,
-            timeout_name="pip_timeout",
+            [*cmd, "-r", reqs], timeout, what, env=env, check=check, timeout_name="pip_timeout"
         )
     finally:
         os.unlink(reqs)
+        shutil.rmtree(workdir, ignore_errors=True)
     drift = version_drift(lock, installed_versions(env_dir))
     if drift:
         raise EnvError(f"after installing, the env differs from the lock: {drift}")

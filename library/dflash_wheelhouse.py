@@ -8,7 +8,9 @@ module: dflash_wheelhouse
 short_description: Download the wheels of a dflash lock into a wheelhouse folder
 description:
   - Downloads every pinned wheel the folder lacks with C(pip download --no-deps
-    --only-binary=:all:), plus a pip wheel so that targets without pip can install from it.
+    --only-binary=:all:), checked against the lock's hashes where it has them, plus the wheels
+    of uv and pip, the installers the env build runs from the wheelhouse (no pip or uv needed
+    on the target).
   - Wheels already there are not downloaded again; with nothing missing the module changes
     nothing. Runs where the wheelhouse is (the controller, or a Proxmox node that mounts it
     into the containers), with that machine's pip and its index configuration.
@@ -61,6 +63,7 @@ from ansible.module_utils.dflash_env_lock import (
     requirement_lines,
     wheel_name_version,
 )
+from ansible.module_utils.dflash_installer import UV_VERSION
 
 
 def present(dest: str) -> set[tuple[str, str]]:
@@ -105,15 +108,21 @@ def main() -> None:
         module.fail_json(msg="; ".join(problems))
     have = present(dest) if os.path.isdir(dest) else set()
     missing = [f"{n}=={v}" for n, v in sorted(pinned(lock).items()) if (n, v) not in have]
-    if not any(name == "pip" for name, _version in have):
-        missing.append("pip")
+    # The installers, not part of any env: uv (the one the controller resolves with), pip
+    # where uv does not run on the target.
+    installers = [
+        wanted
+        for name, wanted in (("pip", "pip"), ("uv", f"uv=={UV_VERSION}"))
+        if not any(have_name == name for have_name, _version in have)
+    ]
+    missing += installers
     if not missing or module.check_mode:
         module.exit_json(changed=bool(missing), downloaded=missing)
     os.makedirs(dest, exist_ok=True)
-    # With the lock's hashes pip checks each download against them (pip itself is the
-    # installer, not part of the env: it is fetched on its own, unhashed).
-    wanted = [line for line in requirement_lines(lock) if line.split(" ")[0] in missing]
-    for batch in (wanted, ["pip"] if "pip" in missing else []):
+    # With the lock's hashes pip checks each download against them; the installers are
+    # fetched on their own, unhashed.
+    pinned_lines = [line for line in requirement_lines(lock) if line.split(" ")[0] in missing]
+    for batch in (pinned_lines, installers):
         if batch:
             download(module, dest, batch)
     module.exit_json(changed=True, downloaded=missing)

@@ -5,11 +5,13 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 from collections.abc import Callable
 
 try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     from ansible.module_utils.dflash_data import diff_fields
-    from ansible.module_utils.dflash_env_lock import pinned
+    from ansible.module_utils.dflash_env_lock import hashes, pinned
     from ansible.module_utils.dflash_lines import records_code
     from ansible.module_utils.dflash_state import GOOD_RESULTS as GOOD
     from ansible.module_utils.dflash_state import deployment_index
@@ -23,7 +25,7 @@ try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
     )
 except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
     from dflash_data import diff_fields
-    from dflash_env_lock import pinned
+    from dflash_env_lock import hashes, pinned
     from dflash_lines import records_code
     from dflash_state import GOOD_RESULTS as GOOD
     from dflash_state import deployment_index
@@ -163,6 +165,11 @@ def environment_of(entry: dict) -> dict[str, object]:
     lock = entry.get("lock") or {}
     versions: dict[str, object] = dict(pinned(lock))
     versions.update({key: lock.get(key) for key in ("python", "cuda") if key in lock})
+    if lock.get("sha256"):
+        # A lock made again with the same versions may name other files (a wheel rebuilt and
+        # uploaded again, another platform's): one short digest of every hash shows it.
+        canonical = json.dumps(hashes(lock), sort_keys=True).encode()
+        versions["wheel files (sha256)"] = hashlib.sha256(canonical).hexdigest()[:12]
     return versions
 
 

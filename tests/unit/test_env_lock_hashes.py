@@ -5,8 +5,11 @@ for real from a folder of wheels (no index)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -17,6 +20,7 @@ from ansible.module_utils.dflash_env_lock import (
     requirement_lines,
     unhashed,
 )
+from ansible.module_utils.dflash_installer import UV_VERSION, install_command
 
 from tests.helpers import REPO, build_wheel, local_env_lock
 
@@ -134,3 +138,38 @@ def test_changes_name_each_pin_and_a_change_of_files_alone():
     assert dflash_env_resolve.changes(before, moved) == [
         "the same versions, other files (their hashes changed)"
     ]
+
+
+def uv_wheel(folder: Path, script: str) -> Path:
+    """A wheel laid out as uv's (its binary under uv-<v>.data/scripts/), holding `script`."""
+    path = folder / f"uv-{UV_VERSION}-py3-none-manylinux_2_17_x86_64.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(f"uv-{UV_VERSION}.data/scripts/uv", script)
+    return path
+
+
+def test_the_build_installs_with_uv_from_its_wheel_where_it_runs_else_with_pip(tmp_path):
+    wheelhouse, work = tmp_path / "wheelhouse", tmp_path / "work"
+    wheelhouse.mkdir()
+    work.mkdir()
+    lock = {**LOCK, "source": {"wheelhouse": str(wheelhouse)}}
+    pip = wheelhouse / "pip-26.3-py3-none-any.whl"
+    pip.touch()
+    runs = uv_wheel(wheelhouse, f"#!/bin/sh\necho uv {UV_VERSION}\n")
+    files = {("pip", "26.3"): str(pip), ("uv", UV_VERSION): str(runs)}
+    cmd, env, what = install_command(lock, "/env/bin/python", files, str(work))
+    assert cmd[:3] == [str(work / "uv"), "pip", "install"] and what.startswith("uv pip")
+    assert {"--require-hashes", "--no-deps", "--no-config", "--compile-bytecode"} <= set(cmd)
+    assert cmd[cmd.index("--find-links") + 1] == str(wheelhouse) and "--no-index" in cmd
+    assert not any(key.startswith("UV_") for key in env)
+    # A uv that does not run here (another CPU's binary): pip from its wheel installs.
+    broken = uv_wheel(tmp_path, "\x7fELF not for this machine")
+    files[("uv", UV_VERSION)] = str(broken)
+    cmd, env, what = install_command(lock, "/env/bin/python", files, str(work))
+    assert cmd[:2] == ["/env/bin/python", str(pip / "pip")] and what.startswith("pip install")
+    assert "--require-hashes" in cmd and env["PIP_CONFIG_FILE"] == os.devnull
+
+
+def test_the_targets_uv_is_the_controllers():
+    """The wheelhouse carries the uv `make lock` and `make env-lock` run (the Makefile's)."""
+    assert uv_version() == UV_VERSION

@@ -268,3 +268,17 @@ def test_a_flag_left_to_its_default_is_no_change():
     found = compare([old, other], 0, 1, {}, lambda release, path: None)
     [change] = [c for c in found["changes"] if c["section"] == "run_sh"]
     assert change["name"] == "trainer_args.target_model", change
+
+
+def test_a_lock_made_again_with_other_files_of_the_same_versions_is_a_change():
+    """A regenerated lock whose versions are the same but whose files are not (a wheel uploaded
+    again): the environment section says the wheel files changed, with their short digest."""
+    hashed = dict(LOCK, sha256={"torch": "a" * 64, "jinja2": "b" * 64, "numpy": "c" * 64})
+    again = dict(hashed, sha256={**hashed["sha256"], "numpy": "d" * 64})
+    old, new = entry("v1", lock=hashed), entry("v1", lock=again, lock_id="lock-b")
+    diff = compare([old, new], 0, 1, {}, lambda r, p: None)
+    [files] = [c for c in diff["changes"] if c["section"] == "environment"]
+    assert files["name"] == "wheel files (sha256)" and files["from"] != files["to"]
+    assert len(files["from"]) == 12
+    same = compare([old, entry("v1", lock=dict(hashed))], 0, 1, {}, lambda r, p: None)
+    assert [c for c in same["changes"] if c["section"] == "environment"] == []
