@@ -14,6 +14,7 @@ is charged to the first test that asked for it, so a large set-up line names the
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import xml.etree.ElementTree as ElementTree
 from collections import defaultdict
@@ -143,8 +144,16 @@ def main() -> None:
     parser.add_argument("junit", type=Path, help="pytest's --junitxml report")
     parser.add_argument("log", type=Path, help="pytest's output with --durations=0")
     parser.add_argument("--top", type=int, default=25, help="rows per table (default 25)")
+    parser.add_argument(
+        "--write-seconds", type=Path, metavar="JSON",
+        help="also write the seconds of every test of 10 s or more (tests/durations.json: the "
+        "order in which make test hands out the work, the longest first)",
+    )  # fmt: skip
     args = parser.parse_args()
     print(report(args.junit, args.log, args.top))
+    if args.write_seconds:
+        long = {test: round(t) for test, t in sorted(junit_seconds(args.junit).items()) if t >= 10}
+        args.write_seconds.write_text(json.dumps(long, indent=0, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ options:
       - The spec. Keys C(python) (e.g. C(3.11)), C(platform) (uv's C(--python-platform), e.g.
         C(x86_64-manylinux_2_28)), C(torch), C(triton) and C(cuda) (null on the CPU),
         C(requires) (a list of requirement strings, e.g. C(transformers==5.24.0)),
-        C(index_url) and C(find_links) (optional).
+        C(index_url), C(extra_index_url) and C(find_links) (optional; uv takes a package from
+        the first index that has it).
     type: dict
     required: true
   dest:
@@ -89,7 +90,10 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dflash_env_lock import lock_problems, normalize
 
 _PLATFORM_RE = re.compile(r"^[a-z0-9_]+-[a-z0-9_]+$")
-SPEC_KEYS = {"python", "platform", "torch", "triton", "cuda", "requires", "index_url", "find_links"}
+SPEC_KEYS = {
+    "python", "platform", "torch", "triton", "cuda", "requires", "index_url", "extra_index_url",
+    "find_links",
+}  # fmt: skip
 
 
 class SpecError(Exception):
@@ -119,6 +123,8 @@ def compile_command(spec: dict, uv: str, infile: str, outfile: str, links: list)
     ]  # fmt: skip
     if spec.get("index_url"):
         cmd += ["--index-url", spec["index_url"]]
+    for url in spec.get("extra_index_url") or []:
+        cmd += ["--extra-index-url", url]
     for link in [*(spec.get("find_links") or []), *links]:
         cmd += ["--find-links", link]
     return cmd

@@ -9,6 +9,7 @@ import json
 import os
 import resource
 import subprocess
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -150,6 +151,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     which no longer reads the node id that xdist 3.8 rewrites.)"""
     from xdist.scheduler import LoadScopeScheduling
 
+    seconds = expected_seconds()
+
     class ByNeed(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(BED_TESTS):
@@ -158,7 +161,35 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
                 return nodeid.split("::", 1)[0]
             return nodeid
 
+        def schedule(self) -> None:
+            # The longest work first (the measured seconds of each scope, summed): what is
+            # left at the end is short, so no worker idles while one runs a 10-minute test.
+            if self.collection is None and self.collection_is_completed:
+                weight: dict[str, float] = defaultdict(float)
+                for nodeid in next(iter(self.registered_collections.values()), []):
+                    weight[self._split_scope(nodeid)] += seconds.get(nodeid, UNMEASURED_S)
+                for node, collection in self.registered_collections.items():
+                    self.registered_collections[node] = sorted(
+                        collection, key=lambda nodeid: -weight[self._split_scope(nodeid)]
+                    )
+                self.config.option.loadscopereorder = False
+            super().schedule()
+
     return ByNeed(config, log)
+
+
+# Seconds of each test in a measured whole run (bench/suite_durations.py --write-seconds writes
+# it); a test not in it, new or short, counts as UNMEASURED_S. Only the order of the work
+# follows these figures: no test's outcome does.
+DURATIONS_FILE = Path(__file__).resolve().parent / "durations.json"
+UNMEASURED_S = 5.0
+
+
+def expected_seconds() -> dict[str, float]:
+    try:
+        return json.loads(DURATIONS_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -119,8 +119,8 @@ def test_a_spec_the_index_cannot_meet_is_named(uv, tmp_path):
     with pytest.raises(dflash_env_resolve.SpecError, match="uv could not resolve the spec"):
         dflash_env_resolve.resolve(spec, uv, [])
     assert dflash_env_resolve.spec_problems({**spec, "platform": "linux", "extra": 1}) == [
-        "the spec has 'extra', which is not one of ['cuda', 'find_links', 'index_url', "
-        "'platform', 'python', 'requires', 'torch', 'triton']",
+        "the spec has 'extra', which is not one of ['cuda', 'extra_index_url', 'find_links', "
+        "'index_url', 'platform', 'python', 'requires', 'torch', 'triton']",
         "the spec's platform 'linux' is not a uv platform; write the target's, e.g. "
         "x86_64-manylinux_2_28 (glibc 2.28 or newer on x86_64)",
     ]
