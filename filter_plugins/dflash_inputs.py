@@ -161,6 +161,7 @@ SHAPES: dict[str, tuple[str, list | dict]] = {
     "dflash_protect_releases": ("a list of release names", ["v1"]),
     "dflash_env_lock": ("a mapping (docs/environment-lock.md)", _LOCK_EXAMPLE),
     "dflash_lock": ("a mapping, now named dflash_env_lock", _LOCK_EXAMPLE),
+    "dflash_env_lock_find_links": ("a list of folders or URLs", ["/opt/wheels"]),
     "dflash_trainer_args": ("a mapping of flag: value", {"max_steps": 100}),
     "dflash_trainer_args_defaults": ("a mapping of flag: value", {"target_model": "tiny"}),
     "dflash_trainer_env": ("a mapping of NAME: value", {"NCCL_DEBUG": "WARN"}),

@@ -53,6 +53,18 @@ def local_env_lock(wheelhouse: Path | str | None = None) -> dict:
     return {**lock, "source": {"wheelhouse": str(wheelhouse or REPO / ".build" / "wheelhouse")}}
 
 
+def local_inventory() -> dict:
+    """inventory/local.yml as data for a copy written elsewhere: what it derives from its own
+    folder (the checkout, the lock file beside it) made absolute, so the copy works anywhere."""
+    import yaml
+
+    text = (REPO / "inventory" / "local.yml").read_text()
+    inventory = yaml.safe_load(text.replace("{{ inventory_dir | dirname }}", str(REPO)))
+    host = inventory["all"]["children"]["dflash_targets"]["hosts"]["local"]
+    host["dflash_env_lock"] = local_env_lock()
+    return inventory
+
+
 def playbook_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment ansible-playbook runs in: this process's, every task shown, `extra` (a
     user's shell variables) and the repo's ansible.cfg."""

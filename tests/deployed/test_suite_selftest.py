@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deployed.state import REPO
 from tests.deployed.suite_run import TRAINER_TESTS, run_suite
+from tests.helpers import local_inventory as local_inventory_data
 from tests.helpers import record_tokens_per_s
 from tests.integration.conftest import TRAINER_ARGS, alive, deploy, status_of  # noqa: F401
 
@@ -25,8 +25,7 @@ def local_inventory(path: Path, root: Path, **host_vars: object) -> Path:
     """inventory/local.yml's host with its own state root (and any other host variables);
     paths the original derives from its folder (the wheelhouse) still point into this
     checkout."""
-    text = (REPO / "inventory" / "local.yml").read_text()
-    inventory = yaml.safe_load(text.replace("{{ inventory_dir | dirname }}", str(REPO)))
+    inventory = local_inventory_data()
     host = inventory["all"]["children"]["dflash_targets"]["hosts"]["local"]
     host.update(dflash_root=str(root), **host_vars)
     path.write_text(yaml.safe_dump(inventory))

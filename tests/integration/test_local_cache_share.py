@@ -13,17 +13,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import REPO, local_env_lock, run_playbook, seed_target
+from tests.helpers import local_inventory, run_playbook, seed_target
 from tests.integration.test_local_cache import COMPILED
 
 
 def hosts_inventory(tmp_path: Path, names: tuple[str, ...], envs: Path, **per_host: dict) -> Path:
     """inventory/local.yml's host once per name, each with its own state root, seeded with the
     run's torch env (what is tested here is the compile cache, not the env build)."""
-    text = (REPO / "inventory" / "local.yml").read_text()
-    inventory = yaml.safe_load(text.replace("{{ inventory_dir | dirname }}", str(REPO)))
+    inventory = local_inventory()
     hosts = inventory["all"]["children"]["dflash_targets"]["hosts"]
-    base = {**hosts.pop("local"), "dflash_env_lock": local_env_lock()}
+    base = hosts.pop("local")
     for name in names:
         seed_target(tmp_path / name, envs)
         hosts[name] = {**base, "dflash_root": str(tmp_path / name), **per_host.get(name, {})}

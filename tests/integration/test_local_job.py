@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.helpers import REPO, local_env_lock, run_playbook, seed_target
+from tests.helpers import local_inventory, run_playbook, seed_target
 from tests.integration.conftest import IDLE_STEP_S, add_release, read_json
 
 # Two ranks per host (a target and a drafter rank) on the CPU, small enough for a 2-core box.
@@ -34,10 +34,9 @@ def free_port() -> int:
 def job_inventory(tmp_path: Path, envs: Path | None = None, **per_host: dict) -> Path:
     """inventory/local.yml's host twice, as the two hosts of job j1, each with its own root
     (seeded with the run's torch env when `envs` is given: the refusals need no env)."""
-    text = (REPO / "inventory" / "local.yml").read_text()
-    inventory = yaml.safe_load(text.replace("{{ inventory_dir | dirname }}", str(REPO)))
+    inventory = local_inventory()
     hosts = inventory["all"]["children"]["dflash_targets"]["hosts"]
-    base = {**hosts.pop("local"), "dflash_env_lock": local_env_lock()}
+    base = hosts.pop("local")
     port = free_port()
     for name in HOSTS:
         if envs is not None and not (tmp_path / name).exists():
