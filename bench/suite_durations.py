@@ -146,13 +146,13 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25, help="rows per table (default 25)")
     parser.add_argument(
         "--write-seconds", type=Path, metavar="JSON",
-        help="also write the seconds of every test of 10 s or more (tests/durations.json: the "
+        help="also write the seconds of every test of 1 s or more (tests/durations.json: the "
         "order in which make test hands out the work, the longest first)",
     )  # fmt: skip
     args = parser.parse_args()
     print(report(args.junit, args.log, args.top))
     if args.write_seconds:
-        long = {test: round(t) for test, t in sorted(junit_seconds(args.junit).items()) if t >= 10}
+        long = {test: round(t) for test, t in sorted(junit_seconds(args.junit).items()) if t >= 1}
         args.write_seconds.write_text(json.dumps(long, indent=0, sort_keys=True) + "\n")
 
 

@@ -9,7 +9,7 @@ import json
 import os
 import resource
 import subprocess
-from collections import defaultdict
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -161,28 +161,34 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
                 return nodeid.split("::", 1)[0]
             return nodeid
 
-        def schedule(self) -> None:
-            # The longest work first (the measured seconds of each scope, summed): what is
-            # left at the end is short, so no worker idles while one runs a 10-minute test.
-            if self.collection is None and self.collection_is_completed:
-                weight: dict[str, float] = defaultdict(float)
-                for nodeid in next(iter(self.registered_collections.values()), []):
-                    weight[self._split_scope(nodeid)] += seconds.get(nodeid, UNMEASURED_S)
-                for node, collection in self.registered_collections.items():
-                    self.registered_collections[node] = sorted(
-                        collection, key=lambda nodeid: -weight[self._split_scope(nodeid)]
-                    )
-                self.config.option.loadscopereorder = False
-            super().schedule()
+        def _assign_work_unit(self, node: object) -> None:
+            # The longest work first (the measured seconds of each scope's tests, summed):
+            # what is left at the end is short, so no worker idles while one runs a
+            # 10-minute test. The whole queue exists before the first unit is handed out;
+            # only its order changes (each worker's collection, which xdist indexes, does not).
+            if not getattr(self, "ordered", False):
+                self.workqueue = OrderedDict(
+                    sorted(self.workqueue.items(), key=lambda unit: -scope_seconds(unit[1]))
+                )
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    def scope_seconds(work_unit: dict[str, bool]) -> float:
+        return sum(seconds.get(nodeid, unmeasured_seconds(nodeid)) for nodeid in work_unit)
 
     return ByNeed(config, log)
 
 
 # Seconds of each test in a measured whole run (bench/suite_durations.py --write-seconds writes
-# it); a test not in it, new or short, counts as UNMEASURED_S. Only the order of the work
-# follows these figures: no test's outcome does.
+# it); a test not in it (new, or under a second) counts as a typical one of its folder. Only the
+# order of the work follows these figures: no test's outcome does.
 DURATIONS_FILE = Path(__file__).resolve().parent / "durations.json"
-UNMEASURED_S = 5.0
+
+
+def unmeasured_seconds(nodeid: str) -> float:
+    if nodeid.startswith(("tests/integration/", "tests/deployed/")):
+        return 60.0  # a test that deploys
+    return 30.0 if nodeid.startswith(BED_TESTS) else 0.5
 
 
 def expected_seconds() -> dict[str, float]:
