@@ -144,8 +144,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """Under pytest-xdist (`make test` runs three workers) every test on the loopback test bed
-    goes to one worker, so one bed comes up; xdist hands out the largest group first, so the
-    bed's (the longest) does not start last. The modules of WHOLE_MODULES go whole
+    goes to one worker, so one bed comes up; the work goes out longest first (by
+    tests/durations.json), so no long test starts last. The modules of WHOLE_MODULES go whole
     (their module-scoped fixtures are made once); the other tests one at a time, to spread the
     long ones. (Scoped by path here: xdist's own `xdist_group` mark is lost under pytest 9,
     which no longer reads the node id that xdist 3.8 rewrites.)"""
