@@ -161,6 +161,9 @@ def _changes(section: str, old: dict, new: dict) -> list[dict]:
     ]
 
 
+WHEEL_FILES = "wheel files (sha256)"
+
+
 def environment_of(entry: dict) -> dict[str, object]:
     lock = entry.get("lock") or {}
     versions: dict[str, object] = dict(pinned(lock))
@@ -169,8 +172,16 @@ def environment_of(entry: dict) -> dict[str, object]:
         # A lock made again with the same versions may name other files (a wheel rebuilt and
         # uploaded again, another platform's): one short digest of every hash shows it.
         canonical = json.dumps(hashes(lock), sort_keys=True).encode()
-        versions["wheel files (sha256)"] = hashlib.sha256(canonical).hexdigest()[:12]
+        versions[WHEEL_FILES] = hashlib.sha256(canonical).hexdigest()[:12]
     return versions
+
+
+def environment_changes(old: dict, new: dict) -> list[dict]:
+    """The pins that changed; the wheel files' digest only where no pin did (other versions
+    are other files: the versions say it)."""
+    changes = _changes("environment", old, new)
+    pins = [change for change in changes if change["name"] != WHEEL_FILES]
+    return pins or changes
 
 
 # Keys of a recorded shape that are the GPU layout's (a section of their own), not flags.
@@ -257,7 +268,7 @@ def compare(
     new_layout = (new.get("run_sh") or {}).get("layout") or {}
     changes = [
         *_changes("release", _release_fields(old), _release_fields(new)),
-        *_changes("environment", environment_of(old), environment_of(new)),
+        *environment_changes(environment_of(old), environment_of(new)),
         *_changes("run_sh", run_sh_values(old), run_sh_values(new)),
         *_changes("layout", _flatten(old_layout, ""), _flatten(new_layout, "")),
         *_changes("data", diff_fields(old.get("data")), diff_fields(new.get("data"))),

@@ -282,3 +282,7 @@ def test_a_lock_made_again_with_other_files_of_the_same_versions_is_a_change():
     assert len(files["from"]) == 12
     same = compare([old, entry("v1", lock=dict(hashed))], 0, 1, {}, lambda r, p: None)
     assert [c for c in same["changes"] if c["section"] == "environment"] == []
+    # Other versions are other files: the versions alone are named.
+    bumped = dict(again, wheels={**LOCK["wheels"], "numpy": "2.1.1"})
+    moved = compare([old, entry("v1", lock=bumped)], 0, 1, {}, lambda r, p: None)
+    assert [c["name"] for c in moved["changes"] if c["section"] == "environment"] == ["numpy"]
