@@ -117,6 +117,7 @@ from ansible.module_utils.dflash_env_lock import (
     installed_versions,
     lock_id,
     lock_problems,
+    pin_changes,
     pinned,
     requirement_lines,
     version_drift,
@@ -210,16 +211,6 @@ def deployed_lock(root: str) -> tuple[str | None, dict | None]:
     return history[index].get("lock_id"), lock if isinstance(lock, dict) else None
 
 
-def changes(before: dict[str, str | None], after: dict[str, str]) -> list[str]:
-    """`name old -> new` for every package whose version differs, `+`/`-` for added/removed."""
-    out = []
-    for name in sorted(set(before) | set(after)):
-        old, new = before.get(name), after.get(name)
-        if old != new:
-            out.append(f"{name} {old or '(none)'} -> {new or '(none)'}")
-    return out
-
-
 def explain(root: str, lock: dict, lid: str, env_dir: str, drift: list[dict], check: bool) -> dict:
     """msg and diff of a build of envs/<lid>: against the drifted env itself, or against the env
     the current deployment uses."""
@@ -229,7 +220,7 @@ def explain(root: str, lock: dict, lid: str, env_dir: str, drift: list[dict], ch
     if drift:
         installed: dict[str, str | None] = dict(wanted)
         installed.update({item["package"]: item["found"] for item in drift})
-        moved = changes(installed, wanted)
+        moved = pin_changes(installed, wanted)
         return {
             "msg": f"envs/{lid} differs from its lock ({'; '.join(moved)}): {built} again",
             "diff": {
@@ -261,7 +252,7 @@ def explain(root: str, lock: dict, lid: str, env_dir: str, drift: list[dict], ch
                 "after": after,
             },
         }
-    moved = changes(pinned(old_lock), wanted)
+    moved = pin_changes(pinned(old_lock), wanted)
     if str(old_lock.get("python")) != str(lock.get("python")):
         moved.insert(0, f"python {old_lock.get('python')} -> {lock.get('python')}")
     return {

@@ -87,7 +87,7 @@ import tomllib
 
 import yaml
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_env_lock import lock_problems, normalize
+from ansible.module_utils.dflash_env_lock import lock_problems, normalize, pin_changes, pinned
 
 _PLATFORM_RE = re.compile(r"^[a-z0-9_]+-[a-z0-9_]+$")
 SPEC_KEYS = {
@@ -160,15 +160,7 @@ def lock_from(pylock: dict, spec: dict) -> dict:
 
 
 def changes(before: dict | None, after: dict) -> list[str]:
-    def pins(lock: dict | None) -> dict:
-        if not lock:
-            return {}
-        return {**(lock.get("wheels") or {}),
-                **{k: lock[k] for k in ("torch", "triton") if lock.get(k)}}  # fmt: skip
-
-    old, new = pins(before), pins(after)
-    said = [f"{n} {old.get(n, '(none)')} -> {new.get(n, '(none)')}"
-            for n in sorted(set(old) | set(new)) if old.get(n) != new.get(n)]  # fmt: skip
+    said = pin_changes(pinned(before or {}), pinned(after))
     if before and not said and before.get("sha256") != after.get("sha256"):
         said.append("the same versions, other files (their hashes changed)")
     return said
@@ -248,8 +240,8 @@ def main() -> None:
         os.replace(tmp, params["dest"])
     module.exit_json(
         changed=changed,
-        packages=len(lock["wheels"]) + 1 + bool(lock["triton"]),
-        changes=said if before else [f"{len(lock['wheels']) + 1} pins, new"],
+        packages=len(pinned(lock)),
+        changes=said if before else [f"{len(pinned(lock))} pins, new"],
         dest=params["dest"],
     )
 

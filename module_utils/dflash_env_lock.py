@@ -140,6 +140,16 @@ def wheel_name_version(filename: str) -> tuple[str, str] | None:
     return normalize(parts[0]), parts[1]
 
 
+def pin_changes(before: dict[str, str | None], after: dict[str, str]) -> list[str]:
+    """`name old -> new` for every package whose version differs, `(none)` for added/removed."""
+    out = []
+    for name in sorted(set(before) | set(after)):
+        old, new = before.get(name), after.get(name)
+        if old != new:
+            out.append(f"{name} {old or '(none)'} -> {new or '(none)'}")
+    return out
+
+
 def requirement_lines(lock: dict) -> list[str]:
     """name==version per pin, each with its hashes where every pin has one (pip takes hashes
     on all lines or on none)."""
