@@ -1,4 +1,4 @@
-"""The command-line flags of train, warmup and eval: their names, types and bounds.
+"""The command-line flags of train, warmup, eval and supervise: their names, types and bounds.
 
 Stdlib only (no torch), so the toolkit can check a deployment's trainer flags against the very
 release it deploys before anything changes on a target:
@@ -13,6 +13,9 @@ wrong type), and
 prints the flags as JSON (name, flag, type, default, help, and which ones shape a training
 step or are set by the launcher): the one description of the trainer's flags that the toolkit
 reads (the warm-up's flags, the throughput shape's defaults, the flags run.sh sets itself).
+`check supervise` and `describe supervise` do the same for the supervisor's restart policy
+(dflash.supervise): its keys, bounds and defaults live here and nowhere else; the toolkit's
+dflash_restart_policy passes only the keys a user sets.
 Over 300 lines on purpose: it is the one table of every flag of the three commands.
 """
 
@@ -293,12 +296,79 @@ def train_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def hang_after(text: str) -> float | None:
+    """--hang-after: seconds, or auto (None: 10 median steps, at least 300 s)."""
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is neither seconds nor auto") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"'{text}' must be seconds > 0, or auto")
+    return value
+
+
+def supervise_parser() -> argparse.ArgumentParser:
+    """The supervisor's restart policy (dflash.supervise adds where it runs and what)."""
+    parser = argparse.ArgumentParser(prog="python -m dflash.supervise", add_help=False)
+    policy = parser.add_argument_group("restart policy")
+    policy.add_argument(
+        "--max-restarts",
+        type=nonneg_int,
+        default=5,
+        help="restarts allowed within --window; one more failure is a crash loop and the run "
+        "stays stopped (0: a crash ends the run) (default 5)",
+    )
+    policy.add_argument(
+        "--window",
+        type=positive_float,
+        default=3600.0,
+        help="seconds over which restarts are counted (default 3600)",
+    )
+    policy.add_argument(
+        "--backoff",
+        type=positive_float,
+        default=10.0,
+        help="seconds before a restart; doubles with each quick failure in a row (default 10)",
+    )
+    policy.add_argument(
+        "--backoff-max",
+        type=positive_float,
+        default=300.0,
+        help="seconds the back-off grows to at most, at least --backoff (default 300)",
+    )
+    policy.add_argument(
+        "--hang-after",
+        type=hang_after,
+        default="auto",
+        help="seconds without a training step after which the trainer is hung, or auto: 10 "
+        "median steps, at least 300 (default auto)",
+    )
+    return parser
+
+
+def supervise_problems(args: argparse.Namespace) -> list[str]:
+    """What the policy's flags say together that none says alone."""
+    if args.backoff_max < args.backoff:
+        return [
+            f"--backoff-max {args.backoff_max:g} is under --backoff {args.backoff:g}: the "
+            "back-off doubles from --backoff up to --backoff-max"
+        ]
+    return []
+
+
 def _known_flags(parser: argparse.ArgumentParser) -> list[str]:
     return sorted(s for action in parser._actions for s in action.option_strings if s != "-h")
 
 
-def check(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """Every problem of `argv` for `parser`, each naming the flag; [] when it parses."""
+def check(
+    parser: argparse.ArgumentParser,
+    argv: list[str],
+    together: Callable[[argparse.Namespace], list[str]] | None = None,
+) -> list[str]:
+    """Every problem of `argv` for `parser`, each naming the flag; [] when it parses (and
+    `together`, the flags' checks as a whole, finds nothing)."""
     known = _known_flags(parser)
     problems = []
     for word in argv:
@@ -319,10 +389,10 @@ def check(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
 
     parser.error = refuse  # type: ignore[method-assign]
     try:
-        parser.parse_args(argv)
+        args = parser.parse_args(argv)
     except Refused as err:
-        problems.append(str(err))
-    return problems
+        return [str(err)]
+    return together(args) if together else []
 
 
 def describe(parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -346,7 +416,12 @@ def describe(parser: argparse.ArgumentParser) -> dict[str, Any]:
     return {"flags": flags, "token_budget": {"cpu": CPU_TOKEN_BUDGET, "gpu": "max_seq_len"}}
 
 
-PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {"train": train_parser}
+PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
+    "train": train_parser,
+    "supervise": supervise_parser,
+}
+# A command's checks of its flags as a whole.
+TOGETHER: dict[str, Callable[[argparse.Namespace], list[str]]] = {"supervise": supervise_problems}
 USAGE = f"usage: python -m dflash.flags {{check,describe}} {{{','.join(PARSERS)}}} [FLAGS...]"
 
 
@@ -358,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "describe":
         print(json.dumps(describe(PARSERS[argv[1]]()), indent=2))
         return 0
-    problems = check(PARSERS[argv[1]](), argv[2:])
+    problems = check(PARSERS[argv[1]](), argv[2:], TOGETHER.get(argv[1]))
     for problem in problems:
         print(problem, file=sys.stderr)
     return 2 if problems else 0

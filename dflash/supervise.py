@@ -40,6 +40,7 @@ from typing import Any
 
 from dflash.cache_files import repair
 from dflash.compile_watch import cache_dir
+from dflash.flags import supervise_parser, supervise_problems
 from dflash.goodput import epoch
 from dflash.restart_facts import checkpoint_dir, dumps_written, log_size, release_name
 from dflash.stopflag import StopFlag
@@ -58,26 +59,18 @@ FULL_DISK_BYTES = 1 << 20  # less free than this: status.json may fail to be wri
 FROZEN_AFTER_S = 10 * POLL_S
 
 
-def hang_after(text: str) -> float | None:
-    if text == "auto":
-        return None
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"--hang-after {text}: give seconds > 0, or auto")
-    return value
-
-
 def parse(argv: Sequence[str]) -> tuple[Policy, Path, str, list[str]]:
-    parser = argparse.ArgumentParser(prog="python -m dflash.supervise", description=__doc__)
-    parser.add_argument("--max-restarts", type=int, default=5)
-    parser.add_argument("--window", type=float, default=3600.0, help="seconds")
-    parser.add_argument("--backoff", type=float, default=10.0, help="seconds")
-    parser.add_argument("--backoff-max", type=float, default=300.0, help="seconds")
-    parser.add_argument("--hang-after", type=hang_after, default=None, help="seconds, or auto")
+    # The policy's flags, bounds and defaults are dflash.flags' (the toolkit checks a deploy's
+    # policy with them before anything changes): only where it runs and what are added here.
+    parser = argparse.ArgumentParser(
+        prog="python -m dflash.supervise", description=__doc__, parents=[supervise_parser()]
+    )
     parser.add_argument("--root", type=Path, default=os.environ.get("DFLASH_ROOT"))
     parser.add_argument("--run-id", default=os.environ.get("DFLASH_RUN_ID"))
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    for problem in supervise_problems(args):
+        parser.error(problem)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command or args.root is None or not args.run_id:
         parser.error("give --root and --run-id (run.sh exports both) and -- COMMAND")

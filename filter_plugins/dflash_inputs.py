@@ -20,6 +20,7 @@ from dflash_layout import (
     data_flags,
     gpu_layout,
     supervise_flags,
+    supervise_problems,
     trainer_env,
     trainer_flags,
 )
@@ -262,6 +263,7 @@ class FilterModule:
             "dflash_unknown_vars": unknown_vars,
             "dflash_renamed_vars": renamed_vars,
             "dflash_run_spec": dflash_run_spec,
+            "dflash_supervise_problems": supervise_problems,
             "dflash_release_problem": release_id_problem,
             "dflash_env_lock_problems": lock_problems,
             "dflash_lock_id": env_lock_id,

@@ -16,6 +16,9 @@ description:
   - Also returns the release's own description of its flags (C(python -m dflash.flags describe
     train)), which the toolkit reads instead of keeping a copy - the flags that shape a training
     step, their defaults, the flags a launcher sets.
+  - With I(supervise), checks run.sh's flags of the supervisor (the restart policy) the same
+    way, with C(python -m dflash.flags check supervise); the policy's keys, bounds and defaults
+    are the release's own.
   - A release older than C(dflash/flags.py) cannot be checked; the result says so.
 options:
   archive:
@@ -27,6 +30,12 @@ options:
     type: list
     elements: list
     required: true
+  supervise:
+    description:
+      - The supervisor's flags as run.sh passes them, one C([flag, value]) per item; left out,
+        they are not checked.
+    type: list
+    elements: list
 extends_documentation_fragment:
   - dflash_attributes
 attributes:
@@ -63,6 +72,12 @@ schema:
       null for a release that cannot describe them.
   type: dict
   returned: always
+supervise:
+  description:
+    - The check of I(supervise) - C(checked) (false for a release whose dflash/flags.py has no
+      supervisor's policy), C(problems) and C(schema), as above.
+  type: dict
+  returned: when I(supervise) is given
 """
 
 import json
@@ -77,7 +92,7 @@ from ansible.module_utils.basic import AnsibleModule
 NEEDED = ("dflash/__init__.py", "dflash/flags.py")
 
 
-def check(archive: str, argv: list[str]) -> dict:
+def check(archive: str, argv: list[str], supervise: list[str] | None = None) -> dict:
     with tarfile.open(archive) as tar:
         names = set(tar.getnames())
         if not set(NEEDED) <= names:
@@ -89,9 +104,18 @@ def check(archive: str, argv: list[str]) -> dict:
                 assert member is not None
                 with open(os.path.join(folder, name), "wb") as handle:
                     handle.write(member.read())
-            proc = _flags(folder, "check", "train", *argv)
-            # A release from before `describe` answers with its usage (exit 2): no schema.
-            described = _flags(folder, "describe", "train")
+            result = _checked(folder, archive, "train", argv)
+            if supervise is not None:
+                result["supervise"] = _checked(folder, archive, "supervise", supervise)
+    return result
+
+
+def _checked(folder: str, archive: str, command: str, argv: list[str]) -> dict:
+    # A release from before `describe`, or before the command, answers with its usage (exit 2).
+    described = _flags(folder, "describe", command)
+    if command != "train" and described.returncode != 0:
+        return {"checked": False, "problems": [], "schema": None}
+    proc = _flags(folder, "check", command, *argv)
     if proc.returncode not in (0, 2):
         raise RuntimeError(
             f"the release's dflash.flags ({archive}) exited {proc.returncode} before it could judge"
@@ -114,12 +138,15 @@ def main() -> None:
         argument_spec={
             "archive": {"type": "path", "required": True},
             "flags": {"type": "list", "elements": "list", "required": True},
+            "supervise": {"type": "list", "elements": "list"},
         },
         supports_check_mode=True,
     )
     argv = [str(word) for group in module.params["flags"] for word in group]
+    groups = module.params["supervise"]
+    supervise = None if groups is None else [str(word) for group in groups for word in group]
     try:
-        module.exit_json(changed=False, **check(module.params["archive"], argv))
+        module.exit_json(changed=False, **check(module.params["archive"], argv, supervise))
     except (OSError, ValueError, tarfile.TarError, RuntimeError, subprocess.SubprocessError) as err:
         module.fail_json(
             msg=f"cannot check the trainer flags: {err}\nNothing was changed on the target; fix"

@@ -187,51 +187,54 @@ def code_changing_env(env: dict[str, str], allowed: list[str]) -> list[str]:
     ]
 
 
-# dflash_restart_policy's keys and defaults (roles/dflash/defaults/main.yml says the same).
-RESTART_POLICY = {"enabled": True, "max_restarts": 5, "window": 3600, "backoff": 10,
-                  "backoff_max": 300}  # fmt: skip
-
-
 def supervise_flags(policy: object, hang_after: object) -> list[list[str]]:
-    """run.sh's flags of python -m dflash.supervise for dflash_restart_policy and
-    dflash_hang_after; a bad value raises, naming it and the fix."""
-    if not isinstance(policy, dict) or set(policy) - RESTART_POLICY.keys():
+    """run.sh's flags of python -m dflash.supervise: one per key of dflash_restart_policy
+    (max_restarts -> --max-restarts; `enabled: false` -> --max-restarts 0) and dflash_hang_after.
+    The keys, bounds and defaults are the supervisor's own (dflash/flags.py supervise_parser):
+    preflight checks these flags with the release being deployed (supervise_problems below
+    names what it refuses), and a key left out keeps the supervisor's default."""
+    if not isinstance(policy, dict):
         raise LayoutError(
-            f"dflash_restart_policy {policy!r} must be a mapping with the keys "
-            f"{', '.join(RESTART_POLICY)} (e.g. {{max_restarts: 5, window: 3600}})"
+            f"dflash_restart_policy {policy!r} must be a mapping of policy: value "
+            "(e.g. {max_restarts: 5, window: 3600})"
         )
-    merged = {**RESTART_POLICY, **policy}
-    if not isinstance(merged["enabled"], bool):
-        raise LayoutError(f"dflash_restart_policy.enabled {merged['enabled']!r}: true or false")
-    numbers = {}
-    for key in ("max_restarts", "window", "backoff", "backoff_max"):
-        value = merged[key]
-        least = 0 if key == "max_restarts" else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise LayoutError(
-                f"dflash_restart_policy.{key} {value!r} must be a whole number of "
-                f"{'restarts' if key == 'max_restarts' else 'seconds'}, {least} or more"
-            )
-        numbers[key] = value
-    if numbers["backoff_max"] < numbers["backoff"]:
-        raise LayoutError(
-            f"dflash_restart_policy.backoff_max {numbers['backoff_max']} is under backoff "
-            f"{numbers['backoff']}: the back-off doubles from backoff up to backoff_max"
-        )
-    if isinstance(hang_after, str) and hang_after.isdigit():  # -e dflash_hang_after=600
-        hang_after = int(hang_after)
-    ok_hang = hang_after == "auto" or (
-        isinstance(hang_after, int) and not isinstance(hang_after, bool) and hang_after >= 1
-    )
-    if not ok_hang:
-        raise LayoutError(
-            f"dflash_hang_after {hang_after!r} must be auto (10 median steps, at least 300 s) "
-            "or a whole number of seconds, 1 or more"
-        )
-    return [
-        ["--max-restarts", str(numbers["max_restarts"] if merged["enabled"] else 0)],
-        ["--window", str(numbers["window"])],
-        ["--backoff", str(numbers["backoff"])],
-        ["--backoff-max", str(numbers["backoff_max"])],
-        ["--hang-after", str(hang_after)],
-    ]
+    enabled = policy.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise LayoutError(f"dflash_restart_policy.enabled {enabled!r}: true or false")
+    flags = [["--max-restarts", "0"]] if not enabled else []
+    for key, value in policy.items():
+        if key == "enabled" or (key == "max_restarts" and not enabled):
+            continue
+        said = str(value).lower() if isinstance(value, bool) else str(value)
+        flags.append([policy_flag(key), said])
+    return [*flags, ["--hang-after", str(hang_after)]]
+
+
+def policy_flag(key: object) -> str:
+    return "--" + str(key).replace("_", "-")
+
+
+def _variable(flag: str) -> str:
+    """The variable that makes a supervise flag of run.sh."""
+    key = flag[2:].replace("-", "_")
+    return "dflash_hang_after" if key == "hang_after" else f"dflash_restart_policy.{key}"
+
+
+def supervise_problems(problems: list[str], policy: dict, hang_after: object) -> list[str]:
+    """The release's refusals of run.sh's supervise flags (python -m dflash.flags check
+    supervise), told by the variables that made the flags: `argument --backoff: '0' must be
+    > 0.0` is `dflash_restart_policy.backoff 0: '0' must be > 0.0`."""
+    given = {policy_flag(key): value for key, value in policy.items()}
+    given["--hang-after"] = hang_after
+    told = []
+    for problem in problems:
+        said = re.match(r"(?:argument|unknown flag) (--[a-z][a-z-]*)(?::\s*|\s+|$)", problem)
+        if said:
+            flag = said.group(1)
+            value = f" {given[flag]!r}" if flag in given else ""
+            rest = problem[said.end() :]
+            if problem.startswith("unknown"):
+                rest = f"no such key in this release's restart policy {rest}".rstrip()
+            problem = f"{_variable(flag)}{value}: {rest}"
+        told.append(re.sub(r"--[a-z][a-z-]*", lambda m: _variable(m.group(0)), problem))
+    return told

@@ -87,6 +87,22 @@ def deployed(tmp_path_factory: pytest.TempPathFactory, local_envs: Path) -> dict
             {"dflash_trainer_args": {"target_model": "tiny", "seed": "$(id)"}},
             ["argument --seed: '$(id)' is not an integer"],
         ),
+        # The restart policy, judged by the release's supervisor and named by its variable.
+        (
+            "deploy.yml",
+            {"dflash_restart_policy": {"max_restart": 2}},
+            [
+                "dflash_restart_policy on local: python -m dflash.supervise of release",
+                "dflash_restart_policy.max_restart 2: no such key in this release's restart "
+                "policy (did you mean dflash_restart_policy.max_restarts?)",
+                "python -m dflash.flags describe supervise lists the keys",
+            ],
+        ),
+        (
+            "deploy.yml",
+            {"dflash_restart_policy": {"backoff": 60, "backoff_max": 30}},
+            ["dflash_restart_policy.backoff_max 30 is under dflash_restart_policy.backoff 60"],
+        ),
         # A typo in a variable name, refused by every playbook; outside the dflash_ prefix too.
         (
             "deploy.yml",
