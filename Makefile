@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	@# PYTHONDONTWRITEBYTECODE is set that is every import of every run.
 	$(BIN)/uv pip install -q --python $(BIN)/python --require-hashes --compile-bytecode \
 		$(FIND_LINKS) -r $(LOCK)
-	@# The checkout itself, editable and with no dependencies of its own: module_utils/ on sys.path.
+	@# The checkout itself, editable and with no dependencies of its own: its root on sys.path.
 	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
 	touch $@
 	@echo "==> $(VENV) ready in $$(( $$(date +%s) - $(NOW) )) s"

@@ -10,7 +10,8 @@ from typing import Any
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
-from dflash_lockfile import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lockfile import (
     describe,
     holder_alive,
     kernel_identity,

@@ -24,10 +24,9 @@ sys.path.insert(0, str(REPO))
 # ansible.module_utils.dflash_* from module_utils/, as the unit tests import them.
 importlib.import_module("tests.unit.conftest")
 
-from ansible.module_utils.dflash_env_lock import requirement_lines  # noqa: E402
-from ansible.module_utils.dflash_envcheck import check_wheelhouse  # noqa: E402
-from ansible.module_utils.dflash_installer import install_command  # noqa: E402
-
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import requirement_lines  # noqa: E402
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_envcheck import check_wheelhouse  # noqa: E402
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_installer import install_command  # noqa: E402
 from tests.helpers import local_env_lock  # noqa: E402
 
 

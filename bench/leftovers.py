@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "module_utils"))
-from dflash_procs import find_trainers
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_procs import find_trainers
 
 KILL_WAIT_S = 10.0
 

@@ -3,15 +3,35 @@
 # lines: one function a kind of finding, read together as verify's one rule book.
 from __future__ import annotations
 
-from dflash_compile_cache import findings as cache_findings
-from dflash_data import changed_under, identity, recorded
-from dflash_findings import finding
-from dflash_hints import redeploy_command, restart_command, stopped_on_purpose
-from dflash_lines import last_deployment, records_code
-from dflash_lockfile import describe, holder_alive
-from dflash_state_findings import state_findings
-from dflash_states import ALIVE
-from dflash_supervision import supervision_findings
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_compile_cache import (
+    findings as cache_findings,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_data import (
+    changed_under,
+    identity,
+    recorded,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_findings import finding
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_hints import (
+    redeploy_command,
+    restart_command,
+    stopped_on_purpose,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lines import (
+    last_deployment,
+    records_code,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lockfile import (
+    describe,
+    holder_alive,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state_findings import (
+    state_findings,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import ALIVE
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_supervision import (
+    supervision_findings,
+)
 
 
 def lock_findings(facts: dict, stale_after: float) -> list[dict]:

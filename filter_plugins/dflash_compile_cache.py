@@ -6,7 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 
-from dflash_compile_cache import fingerprint, folder, identity, identity_of
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_compile_cache import (
+    fingerprint,
+    folder,
+    identity,
+    identity_of,
+)
 
 
 def cache_identity(lock: dict | None, gpus: list[dict], code: dict) -> dict:

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from dflash_lines import DEPLOY_ACTIONS
-from dflash_settings import setting_changes, settings_text
-from dflash_throughput import gate_baseline, shape_of
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lines import DEPLOY_ACTIONS
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_settings import (
+    setting_changes,
+    settings_text,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_throughput import (
+    gate_baseline,
+    shape_of,
+)
 
 
 def _short(value: Any, width: int = 12) -> str:

@@ -13,8 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
-from dflash_env_lock import lock_id, lock_problems
-from dflash_layout import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import (
+    lock_id,
+    lock_problems,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_layout import (
     LayoutError,
     code_changing_env,
     data_flags,
@@ -24,7 +28,7 @@ from dflash_layout import (
     trainer_env,
     trainer_flags,
 )
-from dflash_release import release_id_problem
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_release import release_id_problem
 
 REPO = Path(__file__).resolve().parent.parent
 _NAME = re.compile(r"\bdflash_[a-z0-9_]+\b")

@@ -7,7 +7,7 @@ import hashlib
 import json
 from typing import Any
 
-from dflash_job import job_members
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_job import job_members
 
 # What every host of a job must deploy alike (the card's keys), and how a message names it.
 SAME = {

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dflash_job import job_members
-from dflash_lines import last_deployment
-from dflash_states import TRAINING
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_job import job_members
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lines import last_deployment
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import TRAINING
 
 BROKEN = ("job_host", "job_trainer", "job_rendezvous", "job_world_size")
 

@@ -5,9 +5,14 @@
 # module asks too, and module_utils/dflash_controller.py's.
 from __future__ import annotations
 
-from dflash_controller import other_controller
-from dflash_disk import deploy_need
-from dflash_plan import deploy_changes, deploy_work
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_controller import (
+    other_controller,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_disk import deploy_need
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_plan import (
+    deploy_changes,
+    deploy_work,
+)
 
 
 class FilterModule:

@@ -4,20 +4,16 @@
 # SVG, so that a page needs no network and no other file to be read.
 from __future__ import annotations
 
-import functools
 import html
-import importlib.util
 import io
 import json
 import re
-import sys
 from datetime import UTC, datetime
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from dflash_lines import DEPLOY_ACTIONS
-from dflash_state import deployment_index
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lines import DEPLOY_ACTIONS
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import deployment_index
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_throughput import band
 
 # More deployments than this on one figure and only the drops are labelled with their release.
 LABEL_ALL = 30
@@ -25,20 +21,6 @@ LABEL_ALL = 30
 STAGE_BARS = 40
 # Identifiers in the SVG that tests and other tools read the figure by (docs/report.md).
 POINTS_GID = "dflash-points"
-
-
-@functools.cache
-def _verify_filters() -> ModuleType:
-    """verify's filters, for band(): a drop is judged by verify's own rule, and filter_plugins/
-    is no package to import it from (the tests load it under this name already)."""
-    if "dflash_verify_filters" in sys.modules:
-        return sys.modules["dflash_verify_filters"]
-    spec = importlib.util.spec_from_file_location(
-        "dflash_verify_filters", Path(__file__).with_name("dflash_verify.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _number(value: Any) -> float | None:
@@ -78,7 +60,6 @@ def report_model(
                 "goodput": None, "deployments": [], "drops": [], "damaged": [],
                 "verify": host_verify, "min_ratio": min_ratio}  # fmt: skip
     rows = data["deployments"]
-    band = _verify_filters().band
     drops = []
     for drop in data.get("drops") or []:
         limit = band(min_ratio, {"step_spread": drop.get("reference_step_spread")})

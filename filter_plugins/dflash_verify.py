@@ -5,14 +5,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from dflash_contention import AFTER_S, MAX_WAIT, contention_view
-from dflash_data import length_shift
-from dflash_findings import finding
-from dflash_gpu import judge_facts
-from dflash_judged import judged_trainer
-from dflash_states import STEPPING
-from dflash_supervision import supervision_line, supervision_view
-from dflash_throughput import WAIT_NOISE, reference_speed
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_contention import (
+    AFTER_S,
+    MAX_WAIT,
+    contention_view,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_data import length_shift
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_findings import finding
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_gpu import judge_facts
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_judged import judged_trainer
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import STEPPING
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_supervision import (
+    supervision_line,
+    supervision_view,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_throughput import (
+    WAIT_NOISE,
+    band,
+    reference_speed,
+)
 
 # The trainer's window (dflash/train.py Throughput) for status files that do not say it.
 DEFAULT_WINDOW = 20
@@ -20,11 +31,6 @@ DEFAULT_WINDOW = 20
 # band: one slow window on a busy host is not. On an H200 at the 8B shape (0.26 s a step,
 # windows of 20 steps) a 4x collapse fills three windows in about a minute.
 CONSECUTIVE = 3
-# However noisy the reference's steps were, a window at half of it or less is always a drop.
-BAND_FLOOR = 0.5
-# A window's median of n steps errs by about 1.25 x 1.48 x MAD / sqrt(n); three such errors,
-# with n = 20, is 1.25 x the reference's step spread (MAD over median).
-SPREAD_TO_BAND = 1.25
 DIFF_FASTEST = "ansible-playbook diff.yml -e dflash_diff_from=fastest"
 
 
@@ -145,16 +151,6 @@ def grown_stage(now: dict | None, then: dict | None) -> str:
             f"check, {step_now} s now (data, sleeps, a stopped or starved process)"
         )
     return f"stage {name} grew most: {then[name]:.3f} -> {now[name]:.3f} s per step"
-
-
-def band(min_ratio: float, reference: dict | None) -> float:
-    """The share of a reference's tokens/s a window must reach: `min_ratio`, lowered where the
-    reference deployment's own steps were noisy (its recorded step spread), never under
-    BAND_FLOOR."""
-    spread = (reference or {}).get("step_spread")
-    if not isinstance(spread, (int, float)):
-        return min_ratio
-    return round(max(BAND_FLOOR, min(min_ratio, 1 - SPREAD_TO_BAND * spread)), 3)
 
 
 def _judged_speed(status: dict) -> tuple[float | None, float | None, str]:

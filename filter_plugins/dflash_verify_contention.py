@@ -3,7 +3,9 @@
 # (module_utils/dflash_contention.py judges both).
 from __future__ import annotations
 
-from dflash_contention import contention_findings
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_contention import (
+    contention_findings,
+)
 
 
 class FilterModule:

@@ -2,8 +2,8 @@
 # dflash_facts read of nvidia-smi on the target (module_utils/dflash_gpu.py judges it).
 from __future__ import annotations
 
-from dflash_findings import finding
-from dflash_gpu import judge_facts
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_findings import finding
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_gpu import judge_facts
 
 
 def _memory(used_mib: int | None) -> str:

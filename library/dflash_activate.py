@@ -57,10 +57,16 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_disk import disk_full_message, is_disk_full
-from ansible.module_utils.dflash_lockfile import LockError, held
-from ansible.module_utils.dflash_module_args import state_root_args
-from ansible.module_utils.dflash_state import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_disk import (
+    disk_full_message,
+    is_disk_full,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lockfile import LockError, held
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_module_args import (
+    state_root_args,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import (
     CURRENT,
     TMP_PREFIX,
     StateError,

@@ -112,12 +112,24 @@ import os
 import tarfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_cache_share import pack, refusal, unpack
-from ansible.module_utils.dflash_compile_cache import mark, prepare, repair, warm_needed
-from ansible.module_utils.dflash_lockfile import LockError, held
-from ansible.module_utils.dflash_module_args import state_root_args
-from ansible.module_utils.dflash_release import sha256_file
-from ansible.module_utils.dflash_state import CACHE
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_cache_share import (
+    pack,
+    refusal,
+    unpack,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_compile_cache import (
+    mark,
+    prepare,
+    repair,
+    warm_needed,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lockfile import LockError, held
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_module_args import (
+    state_root_args,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_release import sha256_file
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import CACHE
 
 
 def share(module: AnsibleModule, cache_dir: str) -> dict:

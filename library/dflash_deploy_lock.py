@@ -118,10 +118,19 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_leftovers import clean
-from ansible.module_utils.dflash_lines import DEPLOY_ACTIONS
-from ansible.module_utils.dflash_lockfile import acquire, read_lock, release, utc_now
-from ansible.module_utils.dflash_state import append_history, current_release
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_leftovers import clean
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lines import DEPLOY_ACTIONS
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lockfile import (
+    acquire,
+    read_lock,
+    release,
+    utc_now,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import (
+    append_history,
+    current_release,
+)
 
 
 def root_problem(root: str) -> str | None:

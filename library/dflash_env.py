@@ -105,14 +105,15 @@ import tempfile
 from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_disk import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_disk import (
     MB,
     DiskGuard,
     DiskSpaceError,
     disk_full_message,
     is_disk_full,
 )
-from ansible.module_utils.dflash_env_lock import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import (
     adopts,
     installed_versions,
     lock_id,
@@ -122,19 +123,24 @@ from ansible.module_utils.dflash_env_lock import (
     requirement_lines,
     version_drift,
 )
-from ansible.module_utils.dflash_envcheck import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_envcheck import (
     EnvError,
     check_adopted,
     check_runtime,
     check_wheelhouse,
     find_python,
 )
-from ansible.module_utils.dflash_guarded import CommandError, run_checked
-from ansible.module_utils.dflash_installer import install_command
-from ansible.module_utils.dflash_lock_watchdog import Watchdog
-from ansible.module_utils.dflash_lockfile import LockError, fence
-from ansible.module_utils.dflash_module_args import state_root_args
-from ansible.module_utils.dflash_state import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_guarded import (
+    CommandError,
+    run_checked,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_installer import install_command
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lock_watchdog import Watchdog
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lockfile import LockError, fence
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_module_args import (
+    state_root_args,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import (
     ENV_MARKER,
     ENVS,
     current_release,

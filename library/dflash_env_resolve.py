@@ -87,7 +87,13 @@ import tomllib
 
 import yaml
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_env_lock import lock_problems, normalize, pin_changes, pinned
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import (
+    lock_problems,
+    normalize,
+    pin_changes,
+    pinned,
+)
 
 _PLATFORM_RE = re.compile(r"^[a-z0-9_]+-[a-z0-9_]+$")
 SPEC_KEYS = {

@@ -295,32 +295,53 @@ import time
 from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_checks import environment_check, release_check, writable
-from ansible.module_utils.dflash_compile_cache import read as read_cache
-from ansible.module_utils.dflash_contention import judge
-from ansible.module_utils.dflash_cpu_top import cpu_consumers
-from ansible.module_utils.dflash_data import read_data, running_data
-from ansible.module_utils.dflash_disk import free_space
-from ansible.module_utils.dflash_env_lock import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_checks import (
+    environment_check,
+    release_check,
+    writable,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_compile_cache import (
+    read as read_cache,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_contention import judge
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_cpu_top import cpu_consumers
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_data import (
+    read_data,
+    running_data,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_disk import free_space
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import (
     adopts,
     installed_versions,
     interpreter_versions,
     lock_problems,
     version_drift,
 )
-from ansible.module_utils.dflash_env_lock import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import (
     lock_id as lock_id_of,
 )
-from ansible.module_utils.dflash_envcheck import install_estimate
-from ansible.module_utils.dflash_gpu import probe
-from ansible.module_utils.dflash_lines import GOOD_RESULTS, records_code
-from ansible.module_utils.dflash_lockfile import generation, read_lock
-from ansible.module_utils.dflash_memory import memory_facts
-from ansible.module_utils.dflash_module_args import state_root_args
-from ansible.module_utils.dflash_procs import find_trainers
-from ansible.module_utils.dflash_release import file_drift, tree_sha256
-from ansible.module_utils.dflash_runs import trainer_record
-from ansible.module_utils.dflash_state import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_envcheck import install_estimate
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_gpu import probe
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lines import (
+    GOOD_RESULTS,
+    records_code,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lockfile import (
+    generation,
+    read_lock,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_memory import memory_facts
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_module_args import (
+    state_root_args,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_procs import find_trainers
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_release import (
+    file_drift,
+    tree_sha256,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_runs import trainer_record
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import (
     CURRENT,
     ENV_MARKER,
     ENVS,
@@ -340,7 +361,9 @@ from ansible.module_utils.dflash_state import (
     stale_temp_dirs,
     unknown_releases,
 )
-from ansible.module_utils.dflash_throughput import throughput_references
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_throughput import (
+    throughput_references,
+)
 
 
 def age_seconds(stamp: str | None) -> float | None:

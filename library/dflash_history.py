@@ -76,10 +76,18 @@ damaged:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_history import SelectorError, compare, listing, select
-from ansible.module_utils.dflash_lines import DEPLOY_ACTIONS
-from ansible.module_utils.dflash_module_args import state_root_args
-from ansible.module_utils.dflash_state import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_history import (
+    SelectorError,
+    compare,
+    listing,
+    select,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lines import DEPLOY_ACTIONS
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_module_args import (
+    state_root_args,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import (
     HISTORY,
     SUPERVISOR,
     current_release,

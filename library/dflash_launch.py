@@ -210,30 +210,39 @@ tokens_per_s:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_data import read_data
-from ansible.module_utils.dflash_disk import disk_full_message, is_disk_full
-from ansible.module_utils.dflash_health import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_data import read_data
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_disk import (
+    disk_full_message,
+    is_disk_full,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_health import (
     LaunchError,
     job_problem,
     speed_text,
     throughput_problem,
     wait_healthy,
 )
-from ansible.module_utils.dflash_lock_watchdog import Watchdog
-from ansible.module_utils.dflash_lockfile import LockError, fence
-from ansible.module_utils.dflash_memory import oom_kills
-from ansible.module_utils.dflash_module_args import state_root_args
-from ansible.module_utils.dflash_plan import KEEP, trainer_plan
-from ansible.module_utils.dflash_procs import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lock_watchdog import Watchdog
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lockfile import LockError, fence
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_memory import oom_kills
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_module_args import (
+    state_root_args,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_plan import KEEP, trainer_plan
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_procs import (
     alive,
     find_trainers,
     jobs,
     stop_all,
     stop_summary,
 )
-from ansible.module_utils.dflash_record import history_entry, record_once
-from ansible.module_utils.dflash_release import file_drift
-from ansible.module_utils.dflash_runs import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_record import (
+    history_entry,
+    record_once,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_release import file_drift
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_runs import (
     TRAINER_FILE,
     recorded_status,
     start_run,
@@ -241,7 +250,7 @@ from ansible.module_utils.dflash_runs import (
     utc_now,
     write_trainer_record,
 )
-from ansible.module_utils.dflash_state import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import (
     GOOD_RESULTS,
     HISTORY,
     RELEASES,

@@ -166,9 +166,15 @@ import importlib.util
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.dflash_proxmox import PROXMOXER_ERROR, ProxmoxError
-from ansible.module_utils.dflash_proxmox import connect as api_connect
-from ansible.module_utils.dflash_proxmox_check import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_proxmox import (
+    PROXMOXER_ERROR,
+    ProxmoxError,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_proxmox import (
+    connect as api_connect,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_proxmox_check import (
     container_argument_spec,
     finish_start,
     pending_warning,

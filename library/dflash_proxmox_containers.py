@@ -96,9 +96,16 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.module_utils.dflash_proxmox import PROXMOXER_ERROR, ProxmoxError, token_name
-from ansible.module_utils.dflash_proxmox import connect as api_connect
-from ansible.module_utils.dflash_proxmox_check import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_proxmox import (
+    PROXMOXER_ERROR,
+    ProxmoxError,
+    token_name,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_proxmox import (
+    connect as api_connect,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_proxmox_check import (
     container_argument_spec,
     finish_start,
     list_node,

@@ -82,7 +82,8 @@ import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.dflash_proxmox import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_proxmox import (
     PROXMOXER_ERROR,
     ProxmoxError,
     auth_argument_spec,

@@ -92,8 +92,13 @@ import time
 from datetime import UTC, datetime
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_compile_cache import COMPILED_LIST, CompiledListError, code_key
-from ansible.module_utils.dflash_release import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_compile_cache import (
+    COMPILED_LIST,
+    CompiledListError,
+    code_key,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_release import (
     PACKAGE_DIR,
     build_archive,
     is_ignored_path,

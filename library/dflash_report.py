@@ -80,9 +80,15 @@ damaged:
 
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_module_args import state_root_args
-from ansible.module_utils.dflash_report import report_data, step_series
-from ansible.module_utils.dflash_state import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_module_args import (
+    state_root_args,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_report import (
+    report_data,
+    step_series,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import (
     STATUS,
     SUPERVISOR,
     TRAIN_LOG,

@@ -56,7 +56,11 @@ import os
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_disk import disk_full_message, is_disk_full
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_disk import (
+    disk_full_message,
+    is_disk_full,
+)
 
 
 def read(path: str) -> tuple[str | None, int | None]:

@@ -97,15 +97,18 @@ import tarfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_lockfile import LockError, held
-from ansible.module_utils.dflash_module_args import state_root_args
-from ansible.module_utils.dflash_release import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lockfile import LockError, held
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_module_args import (
+    state_root_args,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_release import (
     MANIFEST_NAME,
     file_drift,
     sha256_file,
     tree_sha256,
 )
-from ansible.module_utils.dflash_state import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import (
     TMP_PREFIX,
     StateError,
     fsync_dir,

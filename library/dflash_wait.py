@@ -107,8 +107,9 @@ import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_lockfile import LockError, fence
-from ansible.module_utils.dflash_state import read_json
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lockfile import LockError, fence
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import read_json
 
 # How often the job file is read while waiting: a stat and a small read, nothing more.
 CHECK_EVERY_S = 0.2

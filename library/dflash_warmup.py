@@ -106,13 +106,26 @@ import time
 from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_compile_cache import CACHE_SUSPECT_EXIT, move_aside
-from ansible.module_utils.dflash_disk import MB, DiskGuard, DiskSpaceError
-from ansible.module_utils.dflash_guarded import CommandError, run_checked
-from ansible.module_utils.dflash_lock_watchdog import Watchdog
-from ansible.module_utils.dflash_lockfile import LockError
-from ansible.module_utils.dflash_module_args import state_root_args
-from ansible.module_utils.dflash_runs import launch_env
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_compile_cache import (
+    CACHE_SUSPECT_EXIT,
+    move_aside,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_disk import (
+    MB,
+    DiskGuard,
+    DiskSpaceError,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_guarded import (
+    CommandError,
+    run_checked,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lock_watchdog import Watchdog
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lockfile import LockError
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_module_args import (
+    state_root_args,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_runs import launch_env
 
 
 def run(module: AnsibleModule) -> dict:

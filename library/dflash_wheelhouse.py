@@ -57,13 +57,14 @@ import sys
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dflash_env_lock import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import (
     lock_problems,
     pinned,
     requirement_lines,
     wheel_name_version,
 )
-from ansible.module_utils.dflash_installer import UV_VERSION
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_installer import UV_VERSION
 
 
 def present(dest: str) -> set[tuple[str, str]]:

@@ -11,9 +11,15 @@ from typing import Any
 
 import pytest
 import testinfra.host
-from dflash_contention import contention_findings, contention_view
-from dflash_hints import redeploy_command, restart_command
 
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_contention import (
+    contention_findings,
+    contention_view,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_hints import (
+    redeploy_command,
+    restart_command,
+)
 from tests.deployed.state import REPO, Target
 
 # A periodic checkpoint is part of a healthy run; starting/warming is not healthy yet.

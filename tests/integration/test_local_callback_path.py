@@ -1,6 +1,7 @@
 """A user's own ANSIBLE_CALLBACK_PLUGINS (for ARA, profile_tasks, a callback of their own)
 replaces ansible.cfg's callback_plugins: every playbook, at the top and under playbooks/, must
-still find the toolkit's stdout callback, and the user's callback must run beside it."""
+still find the toolkit's stdout callback, and the user's callback must run beside it. The same
+for a user's ANSIBLE_COLLECTIONS_PATH and the toolkit's shared code."""
 
 from __future__ import annotations
 
@@ -42,3 +43,16 @@ def test_a_users_callback_path_keeps_the_toolkits_output(playbook, tmp_path: Pat
     assert run.rc == 0, run.output
     assert "Could not load" not in run.output and "PLAY RECAP" in run.output
     assert marker.read_text() == "ran\n"
+
+
+@pytest.mark.parametrize("name", ["history.yml", "playbooks/stop.yml"])
+def test_a_users_collections_path_keeps_the_toolkits_shared_code(
+    playbook, tmp_path: Path, name: str
+):
+    # ANSIBLE_COLLECTIONS_PATH replaces ansible.cfg's collections_path, which names the
+    # collection dflash.deploy whose module_utils every filter and module imports; the
+    # editable install's sys.path entry still finds it (pyproject.toml).
+    (tmp_path / "collections").mkdir()
+    run = playbook(name, _env={"ANSIBLE_COLLECTIONS_PATH": str(tmp_path / "collections")})
+    assert run.rc == 0, run.output
+    assert "PLAY RECAP" in run.output

@@ -15,9 +15,9 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterator
 from pathlib import Path
 
-from dflash_contention import wait_shares
 from prometheus_client.parser import text_string_to_metric_families
 
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_contention import wait_shares
 from tests.integration.conftest import TRAINER_ARGS, is_trainer, status_of
 
 MAX_WAIT = 0.25

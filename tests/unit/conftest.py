@@ -1,31 +1,13 @@
-"""Makes the toolkit's module_utils importable the way Ansible exposes them to modules
-(`ansible.module_utils.<name>`), so the same code can be unit-tested directly."""
+"""The filter plugins under the names the unit tests import them by: filter_plugins/ is no
+package (Ansible loads each file by its path). The shared code needs nothing here: it is the
+collection dflash.deploy's module_utils, imported by its one name from the repository root."""
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.util
 import sys
 
 from tests.helpers import REPO
-
-MODULE_UTILS = REPO / "module_utils"
-
-
-class ModuleUtilsFinder(importlib.abc.MetaPathFinder):
-    """`ansible.module_utils.dflash_*` from module_utils/, loaded when first imported (in
-    whatever order the modules import each other), as AnsiballZ would ship them."""
-
-    PREFIX = "ansible.module_utils."
-
-    def find_spec(self, fullname, path=None, target=None):
-        name = fullname.removeprefix(self.PREFIX)
-        if fullname.startswith(self.PREFIX) and (MODULE_UTILS / f"{name}.py").is_file():
-            return importlib.util.spec_from_file_location(fullname, MODULE_UTILS / f"{name}.py")
-        return None
-
-
-sys.meta_path.insert(0, ModuleUtilsFinder())
 
 
 def _load(name: str, path) -> None:

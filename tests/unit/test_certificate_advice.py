@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ansible.module_utils.dflash_proxmox import certificate_advice
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_proxmox import certificate_advice
 
 
 def openssl(*args: str) -> None:

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.dflash_compile_cache import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_compile_cache import (
     CACHE_SUSPECT_EXIT,
     COMPILED_LIST,
     FAILED,
@@ -25,7 +26,7 @@ from ansible.module_utils.dflash_compile_cache import (
     read,
     warm_needed,
 )
-from ansible.module_utils.dflash_release import tree_sha256
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_release import tree_sha256
 
 REPO = Path(__file__).resolve().parents[2]
 

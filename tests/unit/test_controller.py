@@ -3,7 +3,10 @@ the same one), and only then (module_utils/dflash_controller.py)."""
 
 from __future__ import annotations
 
-from dflash_controller import describe, other_controller
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_controller import (
+    describe,
+    other_controller,
+)
 
 MINE = {"user": "ana", "host": "ws-1", "toolkit_commit": "1111111", "checkout": "/home/ana/dd",
         "remote": "https://git.example/dd.git"}  # fmt: skip

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ansible.module_utils.dflash_data import (
+from dflash_filters import data_findings
+from dflash_input_filters import dflash_run_spec
+from test_deploy_work import STATE, work
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_data import (
     changed_under,
     identity,
     length_shift,
     read_data,
     recorded,
 )
-from dflash_filters import data_findings
-from dflash_input_filters import dflash_run_spec
-from test_deploy_work import STATE, work
-
 from dflash.store_writer import StoreWriter
 
 

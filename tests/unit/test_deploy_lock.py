@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.dflash_lock_watchdog import Watchdog
-from ansible.module_utils.dflash_lockfile import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lock_watchdog import Watchdog
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lockfile import (
     GENERATION,
     LOCK,
     LockError,

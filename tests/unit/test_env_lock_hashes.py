@@ -13,15 +13,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible.module_utils.dflash_env_lock import (
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import (
     lock_id,
     lock_problems,
     matches,
     requirement_lines,
     unhashed,
 )
-from ansible.module_utils.dflash_installer import UV_VERSION, install_command
-
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_installer import (
+    UV_VERSION,
+    install_command,
+)
 from tests.helpers import REPO, build_wheel, local_env_lock
 
 sys.path.insert(0, str(REPO / "library"))

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 
-from dflash_hints import redeploy_command, restart_command, stopped_on_purpose
-
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_hints import (
+    redeploy_command,
+    restart_command,
+    stopped_on_purpose,
+)
 from tests.helpers import REPO
 
 

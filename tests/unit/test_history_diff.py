@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from ansible.module_utils.dflash_history import SelectorError, compare, listing, select
 from dflash_history_filters import diff_lines, history_lines, restore_target
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_history import (
+    SelectorError,
+    compare,
+    listing,
+    select,
+)
 
 LOCK = {"python": "3.11", "torch": "2.13.0+cpu", "wheels": {"Jinja2": "3.1.6", "numpy": "2.1.0"}}
 
@@ -190,12 +196,13 @@ RESTARTS = [
 
 @pytest.mark.parametrize("extra", [[], RESTARTS], ids=["export", "export-and-restarts"])
 def test_export_lines_are_listed_but_never_taken_for_a_deployment(extra):
-    from ansible.module_utils.dflash_state import (
+    from dflash_filters import release_findings
+
+    from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import (
         deployment_index,
         previous_deployment,
         releases_to_prune,
     )
-    from dflash_filters import release_findings
 
     export = {
         "time": "2026-11-30T13:00:00+00:00", "action": "export", "release": "v2",
@@ -234,7 +241,7 @@ def test_one_figure_per_health_check_everywhere_the_measured_one_beside_it():
     """Issue 47: verify and the gate judged a health check by its tokens/s with the trainer's
     wait for a CPU left out (2102), while history, diff and the report showed and compared the
     figure as measured on a busy host (1069). Now all take the one figure and name the other."""
-    from ansible.module_utils.dflash_report import drop_candidates
+    from ansible_collections.dflash.deploy.plugins.module_utils.dflash_report import drop_candidates
 
     history = [
         entry("v1", speed=1069.0, unstarved_tokens_per_s=2102.0),  # a busy host

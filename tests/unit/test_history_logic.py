@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.dflash_state import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import (
     previous_deployment,
     releases_to_prune,
     unknown_releases,
@@ -54,7 +54,9 @@ def line(release: str, run_id: str | None, action: str = "deploy", result: str =
 
 
 def test_a_deployment_is_recorded_once_against_the_newest_deployment_line():
-    from ansible.module_utils.dflash_record import already_recorded
+    from ansible_collections.dflash.deploy.plugins.module_utils.dflash_record import (
+        already_recorded,
+    )
 
     history = [line("v1", "r1")]
     # The launch wrote it; the record step (or a rerun that adopted the run) writes no second.
@@ -77,7 +79,9 @@ def test_a_run_adopted_without_its_lock_id_is_not_recorded_again_by_the_next_dep
     """History lost the deploy line (torn, moved aside); the repair's rollback adopted the run
     with no lock id to copy. A plain redeploy of the same run writes no second line (the soak
     found one: history listed the one run twice)."""
-    from ansible.module_utils.dflash_record import already_recorded
+    from ansible_collections.dflash.deploy.plugins.module_utils.dflash_record import (
+        already_recorded,
+    )
 
     adopted = {**line("v1", "r1", action="rollback"), "lock_id": None}
     assert already_recorded([adopted], line("v1", "r1"))

@@ -7,9 +7,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from ansible.module_utils.dflash_history import select
-from ansible.module_utils.dflash_layout import RESERVED_FLAGS
-from ansible.module_utils.dflash_throughput import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_history import select
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_layout import RESERVED_FLAGS
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_throughput import (
     CPU_TOKEN_BUDGET,
     SHAPE_DEFAULTS,
     comparable,
@@ -19,7 +19,6 @@ from ansible.module_utils.dflash_throughput import (
     shape_of,
     throughput_references,
 )
-
 from dflash import flags
 from tests.helpers import REPO
 
@@ -164,16 +163,19 @@ def test_references_name_the_health_check_and_the_fastest_comparable():
 
 
 def test_the_shape_functions_import_as_a_controller_filter_imports_them():
-    # Filters put module_utils/ on sys.path (no ansible.module_utils.* there), e.g. a health
-    # gate that takes the median of the comparable deployments.
+    # Filters and modules import the collection's module_utils by one name, in a plain
+    # interpreter too (no Ansible loader), e.g. a health gate that takes the median of the
+    # comparable deployments.
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import dflash_history; "
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "from ansible_collections.dflash.deploy.plugins.module_utils import dflash_history; "
+        "from ansible_collections.dflash.deploy.plugins.module_utils "
         "import dflash_throughput as h; "
         "e = {'result': 'healthy', 'tokens_per_s': 5.0, 'run_sh': {'layout': {'mode': 'cpu'}}}; "
         "print(h.comparable_indexes([e, e], e))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, str(REPO / "module_utils")],
+        [sys.executable, "-c", code, str(REPO)],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert out.stdout.strip() == "[0, 1]"

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ansible.module_utils.dflash_env_lock import installed_versions, version_drift
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import (
+    installed_versions,
+    version_drift,
+)
 
 
 def site(env: Path, torch_dist: str, torch_file: str | None) -> Path:

@@ -3,8 +3,12 @@ signal, what status.json said (never 'None')."""
 
 from __future__ import annotations
 
-from ansible.module_utils.dflash_health import ended, speed_text, throughput_problem
-from ansible.module_utils.dflash_procs import stop_summary
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_health import (
+    ended,
+    speed_text,
+    throughput_problem,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_procs import stop_summary
 
 
 def test_stop_summary_names_only_what_happened():

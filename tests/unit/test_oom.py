@@ -7,8 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ansible.module_utils import dflash_memory
-from ansible.module_utils.dflash_state_findings import oom_findings
+
+from ansible_collections.dflash.deploy.plugins.module_utils import dflash_memory
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state_findings import (
+    oom_findings,
+)
 
 
 @pytest.fixture

@@ -6,7 +6,13 @@ launch (real run and check mode) all ask it."""
 from __future__ import annotations
 
 import pytest
-from ansible.module_utils.dflash_plan import KEEP, RESTART, START, trainer_plan
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_plan import (
+    KEEP,
+    RESTART,
+    START,
+    trainer_plan,
+)
 
 RECORD = {"pid": 10, "run_id": "r1", "run_sh_sha256": "s1"}
 PROCESSES = [{"pid": 10, "job": 10, "state": "S"}, {"pid": 11, "job": 10, "state": "R"}]

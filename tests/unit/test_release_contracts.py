@@ -8,7 +8,12 @@ import json
 import tarfile
 
 import pytest
-from ansible.module_utils.dflash_release import build_archive, release_id_problem, tree_sha256
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_release import (
+    build_archive,
+    release_id_problem,
+    tree_sha256,
+)
 
 
 def test_tree_hash_is_sha256_of_sorted_path_nul_sha_lines():

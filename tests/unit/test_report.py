@@ -10,10 +10,12 @@ import importlib.util
 import json
 import re
 
-# module_utils/ by its plain name, as the controller's plugins import it (pyproject.toml), so
-# that tests/integration/test_local_report_browser.py builds its page from these histories too.
-from dflash_report import report_data, step_series
-
+# As the controller's plugins import it, so that tests/integration/test_local_report_browser.py
+# builds its page from these histories too.
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_report import (
+    report_data,
+    step_series,
+)
 from tests.helpers import REPO
 
 _SPEC = importlib.util.spec_from_file_location(

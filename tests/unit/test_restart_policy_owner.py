@@ -15,8 +15,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.dflash_layout import LayoutError, supervise_flags, supervise_problems
 
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_layout import (
+    LayoutError,
+    supervise_flags,
+    supervise_problems,
+)
 from dflash import supervise
 from dflash.supervision import Policy
 from tests.helpers import REPO

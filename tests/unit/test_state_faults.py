@@ -10,17 +10,19 @@ import os
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.dflash_disk import MB, deploy_need
-from ansible.module_utils.dflash_history import select
-from ansible.module_utils.dflash_leftovers import clean
-from ansible.module_utils.dflash_state import (
+from dflash_filters import dflash_findings
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_disk import MB, deploy_need
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_history import select
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_leftovers import clean
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import (
     append_history,
     read_history_checked,
     write_json_atomic,
 )
-from dflash_filters import dflash_findings
-from dflash_state_findings import history_findings
-
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state_findings import (
+    history_findings,
+)
 from dflash.supervisor_files import append_line
 
 

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from ansible.module_utils import dflash_states
-
+from ansible_collections.dflash.deploy.plugins.module_utils import dflash_states
 from dflash.status import STATES
 
 

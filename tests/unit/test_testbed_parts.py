@@ -9,6 +9,7 @@ from types import ModuleType
 
 import pytest
 
+from ansible_collections.dflash.deploy.plugins.module_utils import dflash_proxmox_config
 from tests.testbed import pytest_plugin
 from tests.testbed.mirror import debian_mirror
 from tests.testbed.node.access import AuthError, UserConfig, builtin_roles, check
@@ -45,8 +46,8 @@ snaptime: 1700000000
 
 
 def load(name: str, path: Path) -> ModuleType:
-    """A module_utils file as Ansible exposes it to modules (`ansible.module_utils.<name>`),
-    or a module or filter plugin, imported here for its pure functions."""
+    """A module or filter plugin (no package to import it from), imported here for its pure
+    functions."""
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -55,10 +56,7 @@ def load(name: str, path: Path) -> ModuleType:
     return module
 
 
-load("ansible.module_utils.dflash_proxmox", REPO / "module_utils/dflash_proxmox.py")
-CONFIG = load(
-    "ansible.module_utils.dflash_proxmox_config", REPO / "module_utils/dflash_proxmox_config.py"
-)
+CONFIG = dflash_proxmox_config
 SNAPSHOT = load("dflash_proxmox_snapshot", REPO / "library/dflash_proxmox_snapshot.py")
 CHANGES = load("dflash_plan_filters", REPO / "filter_plugins/dflash_plan.py")
 REDACT = load("dflash_redact_filters", REPO / "filter_plugins/dflash_redact.py")

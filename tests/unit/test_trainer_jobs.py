@@ -9,8 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-from ansible.module_utils.dflash_procs import find_trainers, jobs, stop_all
 from dflash_filters import trainer_findings
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_procs import (
+    find_trainers,
+    jobs,
+    stop_all,
+)
 
 # Like torchrun: a parent that starts two workers, each with start_new_session.
 LAUNCHER = """

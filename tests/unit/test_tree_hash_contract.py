@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import shutil
 
-from ansible.module_utils.dflash_release import sha256_file, tree_sha256
-
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_release import (
+    sha256_file,
+    tree_sha256,
+)
 from dflash import codehash
 from tests.helpers import REPO
 

@@ -11,10 +11,15 @@ import time
 import xml.etree.ElementTree as ElementTree
 
 import pytest
-from dflash_contention import contention_findings, contention_view, judge, wait_shares
-from dflash_cpu_top import cpu_consumers
 from prometheus_client.parser import text_string_to_metric_families
 
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_contention import (
+    contention_findings,
+    contention_view,
+    judge,
+    wait_shares,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_cpu_top import cpu_consumers
 from tests.helpers import REPO
 
 _SPEC = importlib.util.spec_from_file_location(

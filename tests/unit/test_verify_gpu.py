@@ -17,15 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.dflash_gpu import (
+from dflash_verify_gpu_filters import gpu_findings
+
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_gpu import (
     in_init_pid_namespace,
     judge,
     parse_apps,
     parse_gpus,
     view,
 )
-from dflash_verify_gpu_filters import gpu_findings
-
 from tests.helpers import REPO
 
 G0, G1 = "GPU-0a0a0a0a-0000-0000-0000-000000000000", "GPU-1b1b1b1b-0000-0000-0000-000000000000"
@@ -110,7 +110,7 @@ def namespace(tmp_path: Path) -> Iterator[dict]:
     inner.write_text(INNER)
     proc = subprocess.Popen(
         ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(inner),
-         str(REPO / "module_utils"), str(root)],
+         str(REPO), str(root)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -136,7 +136,7 @@ def namespace(tmp_path: Path) -> Iterator[dict]:
 INNER = """
 import json, os, subprocess, sys
 sys.path.insert(0, sys.argv[1])
-import dflash_gpu, dflash_procs
+from ansible_collections.dflash.deploy.plugins.module_utils import dflash_gpu, dflash_procs
 root = sys.argv[2]
 job = subprocess.Popen(["sleep", "300"], env=dict(os.environ, DFLASH_ROOT=root))
 stranger = subprocess.Popen(["sleep", "301"])

@@ -6,12 +6,18 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
-import dflash_supervision
 import pytest
 from dflash_filters import dflash_findings
-from dflash_layout import LayoutError, supervise_flags
-from dflash_supervision import supervision_line
 from dflash_verify_filters import verify_summary, verify_summary_lines
+
+from ansible_collections.dflash.deploy.plugins.module_utils import dflash_supervision
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_layout import (
+    LayoutError,
+    supervise_flags,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_supervision import (
+    supervision_line,
+)
 
 NOW = 1_800_000_000.0
 

@@ -4,11 +4,18 @@
 # record step otherwise), once: a rerun or a second writer finds it there.
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from ansible.module_utils.dflash_lines import GOOD_RESULTS, last_deployment
-from ansible.module_utils.dflash_release import sha256_bytes
-from ansible.module_utils.dflash_state import append_history, read_history, read_run_script
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lines import (
+    GOOD_RESULTS,
+    last_deployment,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_release import sha256_bytes
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import (
+    append_history,
+    read_history,
+    read_run_script,
+)
 
 # What makes two lines the same deployment of a state root.
 IDENTITY = ("release", "tree_sha256", "run_sh_sha256", "lock_id")
@@ -30,7 +37,7 @@ def history_entry(
     else:
         entry.update(run_sh_sha256=sha256_bytes(run_sh_text.encode()), run_sh_text=run_sh_text)
     entry.update(
-        time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        time=datetime.now(UTC).isoformat(timespec="seconds"),
         action=action,
         release=release,
         tree_sha256=manifest.get("tree_sha256"),

@@ -5,14 +5,9 @@
 # Standard library only: the controller's filters use it.
 from __future__ import annotations
 
-try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
-    from ansible.module_utils.dflash_disk import MB
-    from ansible.module_utils.dflash_findings import finding
-    from ansible.module_utils.dflash_hints import restart_command
-except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
-    from dflash_disk import MB
-    from dflash_findings import finding
-    from dflash_hints import restart_command
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_disk import MB
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_findings import finding
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_hints import restart_command
 
 
 def history_findings(facts: dict) -> list[dict]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from ansible.module_utils.dflash_procs import ROOT_MARKER
-from ansible.module_utils.dflash_state import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_procs import ROOT_MARKER
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import (
     RUNS,
     STATUS,
     TMP_PREFIX,
@@ -26,7 +26,7 @@ KEPT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def trainer_record(root: str, processes: list[dict]) -> tuple[dict | None, str | None]:
@@ -72,7 +72,7 @@ def recorded_status(root: str, record: dict | None) -> dict:
 
 
 def new_run_id(release: str) -> str:
-    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S%fZ}-{release}"
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}-{release}"
 
 
 def point_latest(root: str, run_id: str) -> None:

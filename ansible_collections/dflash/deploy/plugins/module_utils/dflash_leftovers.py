@@ -9,30 +9,17 @@ import os
 import re
 import shutil
 
-try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
-    from ansible.module_utils.dflash_cache_share import STAGING
-    from ansible.module_utils.dflash_state import (
-        CACHE,
-        ENV_MARKER,
-        ENVS,
-        HISTORY,
-        INCOMING,
-        RUNS,
-        TMP_PREFIX,
-        append_history,
-    )
-except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
-    from dflash_cache_share import STAGING
-    from dflash_state import (
-        CACHE,
-        ENV_MARKER,
-        ENVS,
-        HISTORY,
-        INCOMING,
-        RUNS,
-        TMP_PREFIX,
-        append_history,
-    )
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_cache_share import STAGING
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import (
+    CACHE,
+    ENV_MARKER,
+    ENVS,
+    HISTORY,
+    INCOMING,
+    RUNS,
+    TMP_PREFIX,
+    append_history,
+)
 
 # write_json_atomic's `<name>.tmp-<pid>`, switch_current's `.tmp-current-<pid>`,
 # point_latest's `.tmp-latest-<pid>`.

@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import os
 
-try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
-    from ansible.module_utils.dflash_data import changed_under, recorded
-    from ansible.module_utils.dflash_lines import last_deployment
-    from ansible.module_utils.dflash_procs import stopped
-    from ansible.module_utils.dflash_settings import setting_changes
-    from ansible.module_utils.dflash_states import TRAINING
-except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
-    from dflash_data import changed_under, recorded
-    from dflash_lines import last_deployment
-    from dflash_procs import stopped
-    from dflash_settings import setting_changes
-    from dflash_states import TRAINING
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_data import (
+    changed_under,
+    recorded,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lines import last_deployment
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_procs import stopped
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_settings import setting_changes
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import TRAINING
 
 KEEP, START, RESTART = "keep", "start", "restart"
 

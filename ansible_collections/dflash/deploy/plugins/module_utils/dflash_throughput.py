@@ -226,3 +226,20 @@ def gate_baseline(history: list[dict], candidate: dict, since: int = 1) -> dict:
         "name": f"the median of the {len(peers)} newest healthy deployments of this layout and "
         f"shape ({releases})",
     }
+
+
+# However noisy the reference's steps were, a window at half of it or less is always a drop.
+BAND_FLOOR = 0.5
+# A window's median of n steps errs by about 1.25 x 1.48 x MAD / sqrt(n); three such errors,
+# with n = 20, is 1.25 x the reference's step spread (MAD over median).
+SPREAD_TO_BAND = 1.25
+
+
+def band(min_ratio: float, reference: dict | None) -> float:
+    """The share of a reference's tokens/s a window must reach: `min_ratio`, lowered where the
+    reference deployment's own steps were noisy (its recorded step spread), never under
+    BAND_FLOOR."""
+    spread = (reference or {}).get("step_spread")
+    if not isinstance(spread, (int, float)):
+        return min_ratio
+    return round(max(BAND_FLOOR, min(min_ratio, 1 - SPREAD_TO_BAND * spread)), 3)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ansible.module_utils.dflash_state import read_json
-from ansible.module_utils.dflash_throughput import WAIT_NOISE
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import read_json
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_throughput import WAIT_NOISE
 
 LOG_TAIL_LINES = 40
 

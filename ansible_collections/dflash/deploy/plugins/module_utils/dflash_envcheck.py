@@ -10,8 +10,11 @@ import re
 import shutil
 import subprocess
 
-from ansible.module_utils.dflash_disk import WHEEL_EXPANSION, tree_bytes
-from ansible.module_utils.dflash_env_lock import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_disk import (
+    WHEEL_EXPANSION,
+    tree_bytes,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import (
     adopts,
     interpreter_versions,
     matches,
@@ -19,11 +22,14 @@ from ansible.module_utils.dflash_env_lock import (
     version_drift,
     wheel_name_version,
 )
-from ansible.module_utils.dflash_env_lock import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import (
     hashes as lock_hashes,
 )
-from ansible.module_utils.dflash_guarded import CommandError, run_checked
-from ansible.module_utils.dflash_release import sha256_file
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_guarded import (
+    CommandError,
+    run_checked,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_release import sha256_file
 
 # Oldest driver that runs a CUDA major version (minor version compatibility).
 MIN_DRIVER = {"11": (450, 80), "12": (525, 60), "13": (580, 65)}

@@ -8,14 +8,19 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 
-try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
-    from ansible.module_utils.dflash_history import compare, listing, text_diff
-    from ansible.module_utils.dflash_throughput import comparable_indexes, fastest_of, rated
-    from ansible.module_utils.dflash_throughput import reference_speed as speed
-except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
-    from dflash_history import compare, listing, text_diff
-    from dflash_throughput import comparable_indexes, fastest_of, rated
-    from dflash_throughput import reference_speed as speed
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_history import (
+    compare,
+    listing,
+    text_diff,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_throughput import (
+    comparable_indexes,
+    fastest_of,
+    rated,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_throughput import (
+    reference_speed as speed,
+)
 
 # A trainer's step line in train.log (dflash/train.py): `<utc time> step N loss L tokens/s T`.
 STEP_LINE = re.compile(r"^(\S+) step (\d+) loss \S+ tokens/s (\d+(?:\.\d+)?)")

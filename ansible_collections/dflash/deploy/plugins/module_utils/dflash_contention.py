@@ -6,14 +6,9 @@
 # who takes the CPU, the filter builds the finding.
 from __future__ import annotations
 
-try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
-    from ansible.module_utils.dflash_findings import finding
-    from ansible.module_utils.dflash_judged import judged_trainer
-    from ansible.module_utils.dflash_states import STEPPING
-except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
-    from dflash_findings import finding
-    from dflash_judged import judged_trainer
-    from dflash_states import STEPPING
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_findings import finding
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_judged import judged_trainer
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import STEPPING
 
 # The windows judged, as for a throughput drop: one busy window is not contention.
 WINDOWS = 3

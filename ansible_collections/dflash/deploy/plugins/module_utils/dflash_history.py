@@ -9,34 +9,19 @@ import hashlib
 import json
 from collections.abc import Callable
 
-try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
-    from ansible.module_utils.dflash_data import diff_fields
-    from ansible.module_utils.dflash_env_lock import hashes, pinned
-    from ansible.module_utils.dflash_lines import records_code
-    from ansible.module_utils.dflash_state import GOOD_RESULTS as GOOD
-    from ansible.module_utils.dflash_state import deployment_index
-    from ansible.module_utils.dflash_throughput import (
-        fastest_comparable,
-        fastest_of,
-        measured_apart,
-        rated,
-        reference_speed,
-        shape_of,
-    )
-except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
-    from dflash_data import diff_fields
-    from dflash_env_lock import hashes, pinned
-    from dflash_lines import records_code
-    from dflash_state import GOOD_RESULTS as GOOD
-    from dflash_state import deployment_index
-    from dflash_throughput import (
-        fastest_comparable,
-        fastest_of,
-        measured_apart,
-        rated,
-        reference_speed,
-        shape_of,
-    )
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_data import diff_fields
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import hashes, pinned
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lines import records_code
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import GOOD_RESULTS as GOOD
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import deployment_index
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_throughput import (
+    fastest_comparable,
+    fastest_of,
+    measured_apart,
+    rated,
+    reference_speed,
+    shape_of,
+)
 
 SELECTORS = "current, previous, fastest, last, a number from history.yml, or a release id"
 TEXT_DIFF_LINES = 200

@@ -11,10 +11,11 @@ import os
 import shutil
 import tarfile
 
-try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
-    from ansible.module_utils.dflash_compile_cache import MARKER, built_for, mark
-except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
-    from dflash_compile_cache import MARKER, built_for, mark
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_compile_cache import (
+    MARKER,
+    built_for,
+    mark,
+)
 
 # What a writer may leave half done beside the entries: Inductor's `.<pid>.<tid>.tmp` and
 # its lock files; never packed.

@@ -8,20 +8,20 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ansible.module_utils.dflash_proxmox import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_proxmox import (
     ProxmoxError,
     auth_argument_spec,
     call,
     token_name,
     wait_task,
 )
-from ansible.module_utils.dflash_proxmox_cluster import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_proxmox_cluster import (
     lock_problem,
     migrated_problem,
     wait_running,
     where_is,
 )
-from ansible.module_utils.dflash_proxmox_config import (
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_proxmox_config import (
     char_majors,
     gpu_problems,
     mount_problems,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ansible.module_utils.dflash_proxmox import ProxmoxError, call
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_proxmox import ProxmoxError, call
 
 # pve-container src/PVE/LXC/Config.pm, the `lock` property's values: what holds each one.
 LOCK_HOLDERS = {

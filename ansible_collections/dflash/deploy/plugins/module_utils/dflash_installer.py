@@ -9,8 +9,8 @@ import stat
 import subprocess
 import zipfile
 
-from ansible.module_utils.dflash_env_lock import unhashed
-from ansible.module_utils.dflash_envcheck import EnvError
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import unhashed
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_envcheck import EnvError
 
 # The uv the wheelhouse carries for the targets: the Makefile's UV_VERSION (a unit test holds
 # them equal), so controller and targets resolve and install with one uv.

@@ -5,9 +5,14 @@ from __future__ import annotations
 import os
 import tempfile
 
-from ansible.module_utils.dflash_envcheck import lock_target_problems
-from ansible.module_utils.dflash_release import file_drift
-from ansible.module_utils.dflash_state import read_manifest, release_dir
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_envcheck import (
+    lock_target_problems,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_release import file_drift
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import (
+    read_manifest,
+    release_dir,
+)
 
 
 def writable(root: str) -> dict:

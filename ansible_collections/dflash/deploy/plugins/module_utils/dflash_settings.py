@@ -4,12 +4,8 @@
 # Standard library only: the target's modules and the controller's filters use it alike.
 from __future__ import annotations
 
-try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
-    from ansible.module_utils.dflash_data import SELF_GENERATED
-    from ansible.module_utils.dflash_layout import flag_name
-except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
-    from dflash_data import SELF_GENERATED
-    from dflash_layout import flag_name
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_data import SELF_GENERATED
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_layout import flag_name
 
 
 def _mapping(what: str, old: dict | None, new: dict | None, name=str) -> list[str]:

@@ -6,10 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
-    from ansible.module_utils.dflash_procs import ancestors
-except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
-    from dflash_procs import ancestors
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_procs import ancestors
 
 SAMPLE_S = 1.0  # long enough for a busy process to show, short beside a verify run
 SHOWN = 5  # the top consumers named

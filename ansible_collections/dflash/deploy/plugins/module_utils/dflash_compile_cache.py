@@ -15,14 +15,13 @@ import subprocess
 import sys
 import time
 
-try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
-    from ansible.module_utils.dflash_findings import finding
-    from ansible.module_utils.dflash_release import tree_sha256
-    from ansible.module_utils.dflash_state import CACHE, read_json, write_json_atomic
-except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
-    from dflash_findings import finding
-    from dflash_release import tree_sha256
-    from dflash_state import CACHE, read_json, write_json_atomic
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_findings import finding
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_release import tree_sha256
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import (
+    CACHE,
+    read_json,
+    write_json_atomic,
+)
 
 MARKER = "built-by.json"
 # A cache whose compiled step failed its canary is renamed <folder>.failed-<UTC time>, with this

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 SELF_GENERATED = "self_generated"
 STORE_MANIFEST = "manifest.json"
@@ -19,7 +19,7 @@ SUMMARY_KEYS = ("content_sha256", "samples", "tokens", "supervised_tokens", "len
 
 def _mtime(path: str) -> str:
     stamp = os.stat(path).st_mtime
-    return datetime.fromtimestamp(stamp, timezone.utc).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(stamp, UTC).isoformat(timespec="seconds")
 
 
 def read_data(path: str | None) -> dict:

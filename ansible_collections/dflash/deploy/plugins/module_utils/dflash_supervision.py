@@ -6,12 +6,8 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
-try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
-    from ansible.module_utils.dflash_findings import finding
-    from ansible.module_utils.dflash_hints import restart_command
-except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
-    from dflash_findings import finding
-    from dflash_hints import restart_command
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_findings import finding
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_hints import restart_command
 
 # The supervisor's automatic hang limit (dflash/supervise.py Policy.hang_limit).
 HANG_FLOOR_S = 300.0

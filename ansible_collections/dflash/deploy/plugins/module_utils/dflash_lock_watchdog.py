@@ -5,7 +5,11 @@ from __future__ import annotations
 import threading
 import time
 
-from ansible.module_utils.dflash_lockfile import LockError, fence, holder_alive
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lockfile import (
+    LockError,
+    fence,
+    holder_alive,
+)
 
 
 class Watchdog:

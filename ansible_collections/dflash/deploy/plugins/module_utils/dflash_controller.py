@@ -5,10 +5,7 @@ lock serializes but which its user would not otherwise see."""
 
 from __future__ import annotations
 
-try:  # a module's copy on a target; the filters import module_utils/ from the venv's path
-    from ansible.module_utils.dflash_lines import last_deployment
-except ImportError:
-    from dflash_lines import last_deployment
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lines import last_deployment
 
 # What tells two controllers apart (a toolkit commit differs between two pulls of one checkout).
 WHO = ("user", "host", "checkout")

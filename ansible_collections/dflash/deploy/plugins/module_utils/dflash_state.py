@@ -11,12 +11,12 @@ import os
 import shutil
 from collections.abc import Callable
 
-try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
-    from ansible.module_utils.dflash_lines import GOOD_RESULTS
-    from ansible.module_utils.dflash_release import MANIFEST_NAME, release_id_problem, sha256_bytes
-except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
-    from dflash_lines import GOOD_RESULTS
-    from dflash_release import MANIFEST_NAME, release_id_problem, sha256_bytes
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lines import GOOD_RESULTS
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_release import (
+    MANIFEST_NAME,
+    release_id_problem,
+    sha256_bytes,
+)
 
 # The names under a state root, here and nowhere else (the deploy lock's file is
 # module_utils/dflash_lockfile.py's LOCK).

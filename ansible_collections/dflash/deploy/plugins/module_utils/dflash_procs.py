@@ -7,10 +7,7 @@ import os
 import signal
 import time
 
-try:  # in a module: Ansible ships module_utils as ansible.module_utils.*
-    from ansible.module_utils.dflash_state import STATUS, run_path
-except ImportError:  # on the controller: module_utils/ is on the venv's path (pyproject.toml)
-    from dflash_state import STATUS, run_path
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import STATUS, run_path
 
 ROOT_MARKER = "DFLASH_ROOT"
 

@@ -12,7 +12,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 LOCK = ".deploy.lock"
 # How many times a run took the lock of this root. Every change of the state happens under the
@@ -29,7 +29,7 @@ class LockError(Exception):
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _read(path: str) -> str | None:
