@@ -85,7 +85,8 @@ def problems_of(words: list[str]) -> list[str]:
                     problems.append(f"-e {name}: no role or playbook reads it")
             if flag == "-i" and not exists_in_checkout(value):
                 problems.append(f"no inventory {value}")
-    if words[0].startswith(".venv/bin/") and tool not in ("ansible-playbook", "pytest", "python"):
+    venv_tools = ("ansible-playbook", "pytest", "python", "antsibull-changelog")
+    if words[0].startswith(".venv/bin/") and tool not in venv_tools:
         problems.append(f"{words[0]}: not a tool the venv is documented to have")
     for word in words[1:]:
         path = re.fullmatch(r"[\w.-]+(?:/[\w.-]+)+/?", word) and not word.startswith(("/", "-"))
