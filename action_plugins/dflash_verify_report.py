@@ -34,7 +34,7 @@ options:
     description:
       - host -> C(verdict) (ok, stopped, drift, unreachable), C(release), C(findings), and the
         figures C(trainer), C(supervision), C(compile_cache), C(throughput), C(gpu) and
-        C(checks) of filter_plugins/dflash_verify.py.
+        C(checks) of filter_plugins/dflash_verify_throughput.py.
     type: dict
     required: true
   json_path:

@@ -24,9 +24,15 @@ sys.path.insert(0, str(REPO))
 # ansible.module_utils.dflash_* from module_utils/, as the unit tests import them.
 importlib.import_module("tests.unit.conftest")
 
-from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import requirement_lines  # noqa: E402
-from ansible_collections.dflash.deploy.plugins.module_utils.dflash_envcheck import check_wheelhouse  # noqa: E402
-from ansible_collections.dflash.deploy.plugins.module_utils.dflash_installer import install_command  # noqa: E402
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import (  # noqa: E402
+    requirement_lines,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_envcheck import (  # noqa: E402
+    check_wheelhouse,
+)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_installer import (  # noqa: E402
+    install_command,
+)
 from tests.helpers import local_env_lock  # noqa: E402
 
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "module_utils"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the collection, by its one name
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_procs import find_trainers
 
 KILL_WAIT_S = 10.0

@@ -23,7 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ansible_collections.dflash.deploy.plugins.module_utils.dflash_report import report_data  # noqa: E402 (module_utils/, on the venv's path)
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_report import (  # noqa: E402
+    report_data,
+)
 from tests.report_browser import Browser  # noqa: E402
 from tests.unit.test_report import line, report  # noqa: E402
 

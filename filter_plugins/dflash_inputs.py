@@ -18,8 +18,9 @@ from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock impo
     lock_id,
     lock_problems,
 )
-from ansible_collections.dflash.deploy.plugins.module_utils.dflash_layout import (
-    LayoutError,
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_release import release_id_problem
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_run_spec import (
+    RunSpecError,
     code_changing_env,
     data_flags,
     gpu_layout,
@@ -28,7 +29,6 @@ from ansible_collections.dflash.deploy.plugins.module_utils.dflash_layout import
     trainer_env,
     trainer_flags,
 )
-from ansible_collections.dflash.deploy.plugins.module_utils.dflash_release import release_id_problem
 
 REPO = Path(__file__).resolve().parent.parent
 _NAME = re.compile(r"\bdflash_[a-z0-9_]+\b")
@@ -239,7 +239,7 @@ def dflash_run_spec(data: dict) -> dict:
     for key, check in checks.items():
         try:
             spec[key] = check()
-        except LayoutError as err:
+        except RunSpecError as err:
             spec["problems"].append(str(err))
     # Listed in dflash_trainer_env_allow: meant. Else a warning, or with dflash_strict_vars a
     # problem like any other bad input.

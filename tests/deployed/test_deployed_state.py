@@ -1,7 +1,8 @@
 """The deployed state of each target as assertions, one concern per test (README.md here).
 
 Everything is read from one dflash_facts document per host (the `state` fixture); the drift
-rules are verify.yml's own (filter_plugins/dflash.py), so this suite and verify.yml agree."""
+rules are verify.yml's own (filter_plugins/dflash_verify_findings.py), so this suite and
+verify.yml agree."""
 
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ def _load_filters(name: str) -> ModuleType:
     return module
 
 
-FILTERS = _load_filters("dflash")
-VERIFY = _load_filters("dflash_verify")
+FILTERS = _load_filters("dflash_verify_findings")
+VERIFY = _load_filters("dflash_verify_throughput")
 VERIFY_GPU = _load_filters("dflash_verify_gpu")
 
 

@@ -37,7 +37,7 @@ ARGS = dict(FULL_SPEED, token_budget=64, throughput_window=WINDOW)
 STOPPED_SHARE = 0.97
 RATIO = 0.8  # dflash_verify_min_throughput_ratio's default
 FLOOR = 0.5  # the band's floor, however noisy the health check's steps were
-JUDGED = 3  # the windows verify judges (filter_plugins/dflash_verify.py CONSECUTIVE)
+JUDGED = 3  # the windows verify judges (filter_plugins/dflash_verify_throughput.py CONSECUTIVE)
 
 
 def last_windows(status: dict) -> list[float]:

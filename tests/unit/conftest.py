@@ -17,10 +17,10 @@ def _load(name: str, path) -> None:
     spec.loader.exec_module(module)
 
 
-_load("dflash_filters", REPO / "filter_plugins" / "dflash.py")
+_load("dflash_filters", REPO / "filter_plugins" / "dflash_verify_findings.py")
 _load("dflash_input_filters", REPO / "filter_plugins" / "dflash_inputs.py")
 _load("dflash_history_filters", REPO / "filter_plugins" / "dflash_history.py")
-_load("dflash_verify_filters", REPO / "filter_plugins" / "dflash_verify.py")
+_load("dflash_verify_filters", REPO / "filter_plugins" / "dflash_verify_throughput.py")
 _load("dflash_verify_gpu_filters", REPO / "filter_plugins" / "dflash_verify_gpu.py")
 _load("dflash_job_filters", REPO / "filter_plugins" / "dflash_job.py")
 _load("dflash_job_verify_filters", REPO / "filter_plugins" / "dflash_job_verify.py")

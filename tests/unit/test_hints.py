@@ -16,7 +16,7 @@ from tests.helpers import REPO
 
 def _filters():
     spec = importlib.util.spec_from_file_location(
-        "dflash_hint_filters", REPO / "filter_plugins" / "dflash.py"
+        "dflash_hint_filters", REPO / "filter_plugins" / "dflash_verify_findings.py"
     )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

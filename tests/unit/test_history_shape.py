@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_history import select
-from ansible_collections.dflash.deploy.plugins.module_utils.dflash_layout import RESERVED_FLAGS
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_run_spec import RESERVED_FLAGS
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_throughput import (
     CPU_TOKEN_BUDGET,
     SHAPE_DEFAULTS,
@@ -105,7 +105,7 @@ def test_the_flags_description_is_the_parsers():
     }  # fmt: skip
     assert described["run_id"]["default"] is None and described["run_id"]["launcher"]
     # run.sh sets the launcher's flags itself, so the inventory may not (module_utils/
-    # dflash_layout.py refuses them in preflight, before the release's flags are read).
+    # dflash_run_spec.py refuses them in preflight, before the release's flags are read).
     assert {n for n, f in described.items() if f["launcher"]} == RESERVED_FLAGS
     # The warm-up compiles with the flags the train schema marks as compiled (and its GPUs).
     from dflash.warmup import build_parser

@@ -2,7 +2,7 @@
 bounds and defaults are published by the release (`python -m dflash.flags describe
 supervise`), judged by it before a deploy changes anything (`check supervise`, through
 library/dflash_trainer_flags.py), and the toolkit only turns dflash_restart_policy's keys into
-flags and names a refusal by the variable that made it (module_utils/dflash_layout.py)."""
+flags and names a refusal by the variable that made it (module_utils/dflash_run_spec.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.dflash.deploy.plugins.module_utils.dflash_layout import (
-    LayoutError,
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_run_spec import (
+    RunSpecError,
     supervise_flags,
     supervise_problems,
 )
@@ -111,9 +111,9 @@ def test_each_bad_value_is_refused_by_the_supervisor_and_named_by_its_variable(
 def test_good_values_pass_and_the_toolkits_own_key_is_checked_by_the_toolkit():
     assert refusals({"enabled": True, "window": 90.5, "max_restarts": 0}, 600) == []
     assert refusals({}, "auto") == []
-    with pytest.raises(LayoutError, match=r"dflash_restart_policy.enabled 'yes': true or false"):
+    with pytest.raises(RunSpecError, match=r"dflash_restart_policy.enabled 'yes': true or false"):
         supervise_flags({"enabled": "yes"}, "auto")
-    with pytest.raises(LayoutError, match=r"dflash_restart_policy \[3\] must be a mapping"):
+    with pytest.raises(RunSpecError, match=r"dflash_restart_policy \[3\] must be a mapping"):
         supervise_flags([3], "auto")
 
 

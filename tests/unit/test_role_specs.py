@@ -20,7 +20,7 @@ from tests.helpers import REPO
 ROLES = REPO / "roles"
 ANSIBLE_DOC = Path(sys.executable).parent / "ansible-doc"
 # A list of indexes or a string of ranges ('0-4'), and `auto` or a number of seconds: no
-# Ansible type takes both as they are (module_utils/dflash_layout.py checks them).
+# Ansible type takes both as they are (module_utils/dflash_run_spec.py checks them).
 RAW_ALLOWED = {"dflash_target_gpus", "dflash_drafter_gpus", "dflash_hang_after"}
 
 

@@ -1,4 +1,4 @@
-"""verify's findings from a facts document (filter_plugins/dflash_verify.py)."""
+"""verify's findings from a facts document (filter_plugins/dflash_verify_throughput.py)."""
 
 from __future__ import annotations
 

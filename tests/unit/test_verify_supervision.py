@@ -11,8 +11,8 @@ from dflash_filters import dflash_findings
 from dflash_verify_filters import verify_summary, verify_summary_lines
 
 from ansible_collections.dflash.deploy.plugins.module_utils import dflash_supervision
-from ansible_collections.dflash.deploy.plugins.module_utils.dflash_layout import (
-    LayoutError,
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_run_spec import (
+    RunSpecError,
     supervise_flags,
 )
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_supervision import (
@@ -116,7 +116,7 @@ def test_a_crash_loop_replaces_not_running_with_the_last_error():
     ],
 )
 def test_bad_restart_settings_are_named(policy, hang_after, named):
-    with pytest.raises(LayoutError, match=named.replace(".", r"\.")):
+    with pytest.raises(RunSpecError, match=named.replace(".", r"\.")):
         supervise_flags(policy, hang_after)
 
 

@@ -1,5 +1,6 @@
-"""verify's `throughput` finding and the per-host figures (filter_plugins/dflash_verify.py),
-from facts documents shaped as dflash_facts returns them."""
+"""verify's `throughput` finding and the per-host figures
+(filter_plugins/dflash_verify_throughput.py), from facts documents shaped as dflash_facts
+returns them."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_data import SELF_GENERATED
-from ansible_collections.dflash.deploy.plugins.module_utils.dflash_layout import flag_name
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_run_spec import flag_name
 
 
 def _mapping(what: str, old: dict | None, new: dict | None, name=str) -> list[str]:

@@ -23,7 +23,7 @@ RESERVED_ENV = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTHONDONTWRITEB
 CODE_CHANGING_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME")
 
 
-class LayoutError(ValueError):
+class RunSpecError(ValueError):
     pass
 
 
@@ -44,56 +44,58 @@ def parse_gpus(value: object, name: str) -> list[int]:
     elif isinstance(value, list):
         items = value
     else:
-        raise LayoutError(f"{name} {value!r} is not a GPU list; use a list like [5, 6, 7] or '5-7'")
+        raise RunSpecError(
+            f"{name} {value!r} is not a GPU list; use a list like [5, 6, 7] or '5-7'"
+        )
     gpus: list[int] = []
     for item in items:
         text = str(item).strip()
         match = re.fullmatch(r"(\d+)(?:-(\d+))?", text)
         if isinstance(item, bool) or not match:
-            raise LayoutError(
+            raise RunSpecError(
                 f"{name} '{value}': '{text}' is not a GPU index or range; "
                 "use a list like [5, 6, 7] or a range like '5-7'"
             )
         low, high = int(match[1]), int(match[2] or match[1])
         if high < low:
-            raise LayoutError(
+            raise RunSpecError(
                 f"{name} '{value}': range '{text}' runs backwards; write '{high}-{low}'"
             )
         gpus.extend(range(low, high + 1))
     duplicates = sorted({g for g in gpus if gpus.count(g) > 1})
     if duplicates:
-        raise LayoutError(f"{name} '{value}' names GPU {duplicates} more than once")
+        raise RunSpecError(f"{name} '{value}' names GPU {duplicates} more than once")
     return gpus
 
 
 def gpu_layout(
     target: object, drafter: object, colocated: bool = False, visible: list[int] | None = None
 ) -> dict:
-    """The validated GPU roles: {target, drafter, mode}; a LayoutError names what is wrong."""
+    """The validated GPU roles: {target, drafter, mode}; a RunSpecError names what is wrong."""
     target_gpus = parse_gpus(target, "dflash_target_gpus")
     drafter_gpus = parse_gpus(drafter, "dflash_drafter_gpus")
     if not target_gpus and not drafter_gpus:
         return {"target": [], "drafter": [], "mode": "cpu"}
     if not target_gpus or not drafter_gpus:
-        raise LayoutError(
+        raise RunSpecError(
             f"dflash_target_gpus {target_gpus} and dflash_drafter_gpus {drafter_gpus}: give both "
             "(equal lists with dflash_colocated: true, or disjoint lists), or neither for CPU mode"
         )
     overlap = sorted(set(target_gpus) & set(drafter_gpus))
     if colocated and sorted(target_gpus) != sorted(drafter_gpus):
-        raise LayoutError(
+        raise RunSpecError(
             f"dflash_colocated is true but dflash_target_gpus {target_gpus} and "
             f"dflash_drafter_gpus {drafter_gpus} differ; colocated mode runs both on the same GPUs"
         )
     if not colocated and overlap:
-        raise LayoutError(
+        raise RunSpecError(
             f"GPU {overlap} is in both dflash_target_gpus {target_gpus} and dflash_drafter_gpus "
             f"{drafter_gpus}; make them disjoint, or set dflash_colocated: true with equal lists"
         )
     if visible is not None:
         missing = sorted(set(target_gpus + drafter_gpus) - set(visible))
         if missing:
-            raise LayoutError(
+            raise RunSpecError(
                 f"GPU {missing} is not visible in the container (nvidia-smi lists "
                 f"{sorted(visible) or 'no GPU'}); pass it through in the container config or "
                 "change dflash_target_gpus / dflash_drafter_gpus"
@@ -108,20 +110,20 @@ def gpu_layout(
 def trainer_flags(args: object) -> list[list[str]]:
     """[flag, value] groups from the trainer-args mapping; True is a bare flag, False/None none."""
     if not isinstance(args, dict):
-        raise LayoutError(f"dflash_trainer_args must be a mapping of flag: value, got {args!r}")
+        raise RunSpecError(f"dflash_trainer_args must be a mapping of flag: value, got {args!r}")
     groups: list[list[str]] = []
     for key, value in args.items():
         if not _FLAG_RE.match(str(key)):
-            raise LayoutError(
+            raise RunSpecError(
                 f"dflash_trainer_args key '{key}' is not a flag name; write it like token_budget"
             )
         if key in RESERVED_FLAGS:
-            raise LayoutError(
+            raise RunSpecError(
                 f"dflash_trainer_args sets '{key}', which the toolkit sets itself; use "
                 "dflash_target_gpus / dflash_drafter_gpus, or leave it out"
             )
         if key in DATA_FLAGS:
-            raise LayoutError(
+            raise RunSpecError(
                 f"dflash_trainer_args sets '{key}'; name the training data with "
                 f"{DATA_FLAGS[key]}: a store folder or JSONL file on the target, or self_generated"
             )
@@ -131,7 +133,7 @@ def trainer_flags(args: object) -> list[list[str]]:
         elif value is False or value is None:
             continue
         elif isinstance(value, (dict, list)):
-            raise LayoutError(f"dflash_trainer_args.{key} {value!r} must be a single value")
+            raise RunSpecError(f"dflash_trainer_args.{key} {value!r} must be a single value")
         else:
             groups.append([flag, checked_value(str(value), f"dflash_trainer_args.{key}")])
     return groups
@@ -142,7 +144,7 @@ def data_flags(data: object) -> list[list[str]]:
     if data in (None, "", "self_generated"):
         return []
     if not isinstance(data, str) or not data.startswith("/") or "\n" in data:
-        raise LayoutError(
+        raise RunSpecError(
             f"dflash_data {data!r} must be self_generated or an absolute path on the target (a "
             "store folder made by python -m dflash.data prepare, or a JSONL file)"
         )
@@ -151,15 +153,15 @@ def data_flags(data: object) -> list[list[str]]:
 
 def trainer_env(env: object) -> dict[str, str]:
     if not isinstance(env, dict):
-        raise LayoutError(f"dflash_trainer_env must be a mapping of NAME: value, got {env!r}")
+        raise RunSpecError(f"dflash_trainer_env must be a mapping of NAME: value, got {env!r}")
     out = {}
     for name, value in env.items():
         if not _ENV_RE.match(str(name)):
-            raise LayoutError(
+            raise RunSpecError(
                 f"dflash_trainer_env name '{name}' is not an environment variable name"
             )
         if name in RESERVED_ENV or str(name).startswith(RESERVED_ENV_PREFIXES):
-            raise LayoutError(
+            raise RunSpecError(
                 f"dflash_trainer_env sets {name}, which run.sh sets itself; leave it out"
             )
         out[str(name)] = checked_value(
@@ -171,7 +173,7 @@ def trainer_env(env: object) -> dict[str, str]:
 def checked_value(value: str, name: str) -> str:
     # Quoting makes every other character safe; a NUL cannot be passed through exec at all.
     if "\0" in value:
-        raise LayoutError(f"{name} contains a NUL byte, which no argument or variable can hold")
+        raise RunSpecError(f"{name} contains a NUL byte, which no argument or variable can hold")
     return value
 
 
@@ -194,13 +196,13 @@ def supervise_flags(policy: object, hang_after: object) -> list[list[str]]:
     preflight checks these flags with the release being deployed (supervise_problems below
     names what it refuses), and a key left out keeps the supervisor's default."""
     if not isinstance(policy, dict):
-        raise LayoutError(
+        raise RunSpecError(
             f"dflash_restart_policy {policy!r} must be a mapping of policy: value "
             "(e.g. {max_restarts: 5, window: 3600})"
         )
     enabled = policy.get("enabled", True)
     if not isinstance(enabled, bool):
-        raise LayoutError(f"dflash_restart_policy.enabled {enabled!r}: true or false")
+        raise RunSpecError(f"dflash_restart_policy.enabled {enabled!r}: true or false")
     flags = [["--max-restarts", "0"]] if not enabled else []
     for key, value in policy.items():
         if key == "enabled" or (key == "max_restarts" and not enabled):
