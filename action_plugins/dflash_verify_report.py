@@ -89,7 +89,8 @@ KINDS = ("code", "release", "stale_process", "duplicate_trainer", "not_running",
          "environment", "run_script",
          "cache", "throughput", "contention", "gpu", "data", "history", "trainer_record",
          "checkpoint", "disk")  # fmt: skip
-# The causes of lost time that supervisor.json's goodput names (dflash/goodput.py CAUSES).
+# The causes of lost time that supervisor.json's goodput names
+# (dflash/supervision/goodput.py CAUSES).
 BADPUT = ("startup", "checkpoint", "lost", "hang", "down")
 # `stopped`: stop.yml stopped the trainer on purpose, nothing drifted (verify exits 0).
 VERDICTS = ("ok", "stopped", "drift", "unreachable")

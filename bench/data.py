@@ -15,7 +15,7 @@ prompts with regenerated responses come to at 2 B tokens), ids within Qwen3's vo
 - memory: a process that opens the store and takes 50 batches, alone and 4 at once: RSS, PSS
   and private (anonymous) memory from /proc/PID/smaps_rollup.
 
-With --baseline the loader this store replaced (dflash/data.py `load_jsonl` at 28a5e8c, from
+With --baseline the loader this store replaced (dflash/data/ `load_jsonl` at 28a5e8c, from
 git) reads the smallest JSONL in the same run: its seconds and resident memory.
 Medians of --runs runs. Needs free disk of about 6x the largest size in bytes.
 """
@@ -36,7 +36,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from dflash.store_writer import StoreWriter  # noqa: E402
+from dflash.data.store_writer import StoreWriter  # noqa: E402
 
 VOCAB = 151936
 SHORTEST, LONGEST = 200, 3072
@@ -46,8 +46,8 @@ OLD_LOADER = "28a5e8c"
 HOLD = """
 import sys, time
 from pathlib import Path
-from dflash.order import BatchOrder
-from dflash.store import TokenStore
+from dflash.data.order import BatchOrder
+from dflash.data.store import TokenStore
 order = BatchOrder(TokenStore.open(Path(sys.argv[1])), 3072, 3072, 1, seed=0, max_len=3072)
 for _ in range(int(sys.argv[2])):
     order.next()
@@ -195,7 +195,7 @@ print(time.monotonic() - started, resource.getrusage(resource.RUSAGE_SELF).ru_ma
 def baseline(jsonl: Path, work: Path) -> tuple[float, int]:
     """The JSONL loader before the store (git show), on the same file: seconds, peak RSS."""
     old = work / "old_data.py"
-    old.write_text(subprocess.run(["git", "show", f"{OLD_LOADER}:dflash/data.py"], cwd=REPO,
+    old.write_text(subprocess.run(["git", "show", f"{OLD_LOADER}:dflash/data/"], cwd=REPO,
                                   check=True, capture_output=True, text=True).stdout)  # fmt: skip
     out = subprocess.run([sys.executable, "-c", OLD, str(old), str(jsonl)], cwd=REPO,
                          check=True, capture_output=True, text=True).stdout.split()  # fmt: skip

@@ -44,8 +44,8 @@ from leftovers import stopped_at_exit  # noqa: E402
 from soak_ledger import check, parse_span, schedule, summary  # noqa: E402
 from soak_target import Target  # noqa: E402
 
-from dflash.prepare import prepare  # noqa: E402
-from dflash.records import Settings  # noqa: E402
+from dflash.data.prepare import prepare  # noqa: E402
+from dflash.data.records import Settings  # noqa: E402
 from tests.helpers import (  # noqa: E402
     dflash_package_files,
     git_source,

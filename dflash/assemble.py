@@ -17,13 +17,13 @@ from torch.nn.parallel import DistributedDataParallel
 from dflash.cluster import Cluster
 from dflash.config import TrainConfig
 from dflash.data import SELF_GENERATED, open_data, sample_store, self_generated
+from dflash.data.order import BatchOrder, ShardedOrder
+from dflash.data.store import TokenStore
 from dflash.errors import ConfigError
 from dflash.options import build_drafter, drafter_config, fixed_rows, gamma, token_budget
-from dflash.order import BatchOrder, ShardedOrder
 from dflash.pipeline import FeatureSource, LocalFeatureSource, RemoteFeatureSource
 from dflash.server import FeatureServer
 from dflash.step import DrafterStep, static_shapes
-from dflash.store import TokenStore
 from dflash.target import TINY, Target, load_target, load_target_config
 from dflash.trainer import Trainer
 from dflash.transport import FeatureReceiver, WireShape, recv_frozen, send_frozen

@@ -29,15 +29,15 @@ from torch import Tensor
 
 from dflash import checkpoint
 from dflash.data import random_prompts
+from dflash.data.prepare import load_in_memory
+from dflash.data.records import Settings
+from dflash.data.store import TokenStore
 from dflash.errors import ConfigError
 from dflash.flags import nonneg_int, positive_int
 from dflash.mask import attention_mask
 from dflash.model import Drafter, DrafterConfig
 from dflash.options import build_drafter
-from dflash.prepare import load_in_memory
 from dflash.public_format import is_drafter_folder, read_folder, target_problems
-from dflash.records import Settings
-from dflash.store import TokenStore
 from dflash.target import TINY, Target, load_target, load_tokenizer
 from dflash.topology import device_of, parse_gpu_list, require_gpus
 

@@ -41,7 +41,7 @@ from dflash.public_format import (
     expressible_problems,
     tensor_problems,
 )
-from dflash.status import utc_now
+from dflash.supervision.status import utc_now
 from dflash.target import load_target_config
 
 FORMAT = 1

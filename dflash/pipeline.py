@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from dflash.order import ShardedOrder
+from dflash.data.order import ShardedOrder
 from dflash.stages import Clock, Timings
 from dflash.target import Target
 from dflash.transport import UNKNOWN, FeatureReceiver

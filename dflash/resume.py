@@ -19,13 +19,13 @@ from dflash import checkpoint
 from dflash.checkpoint_names import newest_step
 from dflash.cluster import Cluster
 from dflash.config import TrainConfig
+from dflash.data.order import ShardedOrder
 from dflash.errors import ConfigError
 from dflash.model import DrafterConfig
 from dflash.options import drafter_differences
-from dflash.order import ShardedOrder
 from dflash.provenance import code_tree_sha256, release_name
 from dflash.public_format import PublicDrafter, is_drafter_folder, read_folder, target_problems
-from dflash.status import StatusFile, utc_now
+from dflash.supervision.status import StatusFile, utc_now
 from dflash.target import load_target_config
 from dflash.trainer import Trainer
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from dflash.order import ShardedOrder
+from dflash.data.order import ShardedOrder
 from dflash.stages import Clock, Mark
 from dflash.target import Target
 from dflash.transport import UNKNOWN, send_header, send_payload, wait_credit

@@ -38,9 +38,9 @@ from dflash.pipeline import FeatureBatch
 from dflash.provenance import code_tree_sha256, header_lines
 from dflash.resume import resume, resume_order, save_checkpoint
 from dflash.stages import StageWindow, stage_text
-from dflash.status import StatusFile, print_line, utc_now
 from dflash.stopflag import StopFlag
-from dflash.supervision import CACHE_SUSPECT_EXIT
+from dflash.supervision.record import CACHE_SUSPECT_EXIT
+from dflash.supervision.status import StatusFile, print_line, utc_now
 from dflash.topology import Layout, plan_layout, resolve_roles
 from dflash.trainer import Trainer
 
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     # A crash in native code (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) writes the Python
     # stacks too before the process dies of it: the supervisor names the compiled cache entry
-    # the crash ran in (dflash.restart_facts).
+    # the crash ran in (dflash.supervision.restart_facts).
     faulthandler.enable(all_threads=True)
     code_tree_sha256()  # hash the code first: that is the code this process holds
     # Before anything compiles (no rank compiles before every rank has joined `Cluster`).

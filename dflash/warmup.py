@@ -62,7 +62,7 @@ from dflash.flags import add_drafter_args, add_shape_args, positive_int
 from dflash.options import build_drafter, drafter_config, fixed_rows, gamma
 from dflash.pipeline import FeatureBatch
 from dflash.step import DrafterStep
-from dflash.supervision import CACHE_SUSPECT_EXIT
+from dflash.supervision.record import CACHE_SUSPECT_EXIT
 from dflash.target import Target, load_target_config, random_model
 from dflash.topology import parse_gpu_list, require_gpus
 

@@ -405,7 +405,8 @@ def trainers(root: str) -> dict:
             "heartbeat_age_s": age_seconds((status or {}).get("updated_at")),
         })  # fmt: skip
     record, problem = trainer_record(root, processes)
-    # The supervisor of the recorded run (dflash/supervise.py): its restarts and goodput.
+    # The supervisor of the recorded run (dflash/supervision/supervisor.py): its restarts and
+    # goodput.
     run_id = (record or {}).get("run_id")
     supervisor = read_json(run_path(root, run_id, SUPERVISOR)) if run_id else None
     # The recorded run's last status while its trainer is down (its supervisor waits out a

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib
 import json
 import os
+import pkgutil
 import resource
 import subprocess
 from collections import OrderedDict
@@ -26,6 +28,19 @@ from tests.helpers import (
 )
 
 DEPLOYED_SUITE = Path(__file__).resolve().parent / "deployed"
+SHARED = "ansible_collections.dflash.deploy.plugins.module_utils"
+MODULE_UTILS = REPO / "ansible_collections" / "dflash" / "deploy" / "plugins" / "module_utils"
+
+
+def _import_the_shared_code() -> None:
+    """Every module of the collection dflash.deploy's module_utils, imported now. A test that
+    starts Ansible's plugin loader in-process (tests/unit/test_callback.py) installs Ansible's
+    collection finder; a module_utils file first imported after that goes through it, and it
+    refuses a collection whose package the plain importer already loaded ("collection metadata
+    was not loaded"). ansible-playbook installs its finder before any import of ours, so only
+    a process that mixes both, as a pytest worker does, needs this."""
+    for info in pkgutil.iter_modules([str(MODULE_UTILS)]):
+        importlib.import_module(f"{SHARED}.{info.name}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,9 +53,11 @@ def pytest_configure(config: pytest.Config) -> None:
         (config.invocation_params.dir / str(arg).split("::")[0]).resolve() for arg in config.args
     ]
     if paths and all(p == DEPLOYED_SUITE or DEPLOYED_SUITE in p.parents for p in paths):
+        _import_the_shared_code()
         return
     with contextlib.suppress(ImportError):
         import torch._dynamo  # noqa: F401
+    _import_the_shared_code()  # (after torch: dflash_proxmox imports ansible)
 
 
 CPU_AT_SETUP = pytest.StashKey[float]()

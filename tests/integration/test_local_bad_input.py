@@ -294,8 +294,8 @@ def test_a_release_whose_package_does_not_import_is_refused_first(deployed):
 def test_a_truncated_store_is_refused_with_the_command_that_prepares_it_again(deployed, tmp_path):
     """The fix names the env by its lock id and prepares with --force over the store there
     (a plain prepare refuses an existing folder)."""
-    from dflash.prepare import prepare
-    from dflash.records import Settings
+    from dflash.data.prepare import prepare
+    from dflash.data.records import Settings
 
     records = tmp_path / "a.jsonl"
     records.write_text('{"input_ids": [1, 2, 3, 4], "loss_mask": [0, 0, 1, 1]}\n' * 8)

@@ -13,8 +13,8 @@ import re
 import time
 from pathlib import Path
 
-from dflash.prepare import prepare
-from dflash.records import Settings
+from dflash.data.prepare import prepare
+from dflash.data.records import Settings
 from tests.integration.conftest import TRAINER_ARGS, read_json, status_of, write_records
 
 ARGS = {key: value for key, value in TRAINER_ARGS.items() if key != "gen_samples"}

@@ -180,8 +180,8 @@ def test_hosts_of_a_job_that_name_different_data_are_refused_before_any_change(
     tmp_path, trainer_repo
 ):
     """Each host names its own store; two stores of other content are two data sets."""
-    from dflash.prepare import prepare
-    from dflash.records import Settings
+    from dflash.data.prepare import prepare
+    from dflash.data.records import Settings
 
     stores = {}
     for number, host in enumerate(HOSTS):

@@ -27,8 +27,8 @@ import pytest
 
 from dflash.cache_files import HASHES, check, entry_files, record
 from dflash.compile_watch import CANARY_STEPS, CacheSuspect, CacheWatch, Canary
-from dflash.supervision import CACHE_SUSPECT_EXIT, CANARY_FAILED
-from dflash.supervisor_files import move_aside
+from dflash.supervision.files import move_aside
+from dflash.supervision.record import CACHE_SUSPECT_EXIT, CANARY_FAILED
 
 from .conftest import FAST, REPO, argv, cli_env, read_status, run_module
 from .test_supervise import RUN_ID, Supervised

@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from dflash.data import Sample, main, open_data, sample_store, self_generated
+from dflash.data import Sample, open_data, sample_store, self_generated
+from dflash.data.cli import main
+from dflash.data.order import BatchOrder
+from dflash.data.prepare import load_in_memory, prepare
+from dflash.data.records import Settings
+from dflash.data.store import TokenStore
+from dflash.data.store_writer import StoreWriter
 from dflash.errors import ConfigError
-from dflash.order import BatchOrder
-from dflash.prepare import load_in_memory, prepare
-from dflash.records import Settings
-from dflash.store import TokenStore
-from dflash.store_writer import StoreWriter
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -214,8 +215,8 @@ def test_a_prepare_on_another_host_of_a_shared_folder_is_left_alone(tmp_path):
 
 
 def test_a_parallel_prepare_writes_the_same_store_as_one_process(tmp_path, monkeypatch):
-    monkeypatch.setattr("dflash.prepare.IN_PROCESS_BELOW", 0)
-    monkeypatch.setattr("dflash.prepare.CHUNK_BYTES", 4096)
+    monkeypatch.setattr("dflash.data.prepare.IN_PROCESS_BELOW", 0)
+    monkeypatch.setattr("dflash.data.prepare.CHUNK_BYTES", 4096)
     path = write_jsonl(tmp_path / "d.jsonl", random_records(400, seed=3))
     settings = Settings(max_seq_len=40, vocab_size=100, tokenizer=None)
     one = prepare([path], tmp_path / "one", settings, workers=1, say=lambda _: None)
@@ -228,7 +229,7 @@ def reference_batches(
     samples: list[Sample], budget: int, pad_to: int, fixed_rows: int | None, seed: int, count: int
 ) -> list[tuple[torch.Tensor, int]]:
     """The batch order as the trainer built it from a list of samples before the token store
-    (dflash/data.py at 28a5e8c): the order a seed gives must not change."""
+    (dflash/data/ at 28a5e8c): the order a seed gives must not change."""
 
     def padded(n: int) -> int:
         return -(-n // pad_to) * pad_to
@@ -350,8 +351,8 @@ def test_self_generated_samples_are_the_targets_greedy_continuations(tiny_target
 MEASURE = """
 import resource, sys, time
 from pathlib import Path
-from dflash.order import BatchOrder
-from dflash.store import TokenStore
+from dflash.data.order import BatchOrder
+from dflash.data.store import TokenStore
 order = BatchOrder(TokenStore.open(Path(sys.argv[1])), 4096, 8, None, seed=0, max_len=4096)
 for _ in range(20):
     order.next()

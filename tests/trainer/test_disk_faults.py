@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from dflash import checkpoint
-from dflash.status import StatusFile
+from dflash.supervision.status import StatusFile
 
 from .conftest import FAST, REPO, argv, cli_env, log_losses, read_status, run_module
 

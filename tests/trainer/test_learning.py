@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from dflash.data import random_prompts, sample_store, self_generated
+from dflash.data.order import BatchOrder, ShardedOrder
 from dflash.eval import acceptance_length
 from dflash.model import DrafterConfig
 from dflash.options import build_drafter
-from dflash.order import BatchOrder, ShardedOrder
 from dflash.pipeline import LocalFeatureSource
 from dflash.step import DrafterStep
 from dflash.trainer import Trainer

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from dflash.checkpoint_names import newest_step
-from dflash.goodput import attempt_buckets, goodput
-from dflash.supervise import descendants
-from dflash.supervision import Policy, RunRecord
+from dflash.supervision.goodput import attempt_buckets, goodput
+from dflash.supervision.record import Policy, RunRecord
+from dflash.supervision.supervisor import descendants
 
 from .conftest import FAST, REPO, argv, cli_env, read_status, wait_for_status
 
@@ -320,7 +320,7 @@ def test_a_checkpoint_saved_in_the_hang_dump_window_is_kept_work(tmp_path):
     checkpoint before the kill (seen: step 590 saved in the 3 s window, the restart line said
     580, goodput counted 15.5 s lost). The record, on its real files, keeps that checkpoint:
     nothing lost, the hang's own time still the hang's."""
-    from dflash.supervisor_files import utc_text, write_atomic
+    from dflash.supervision.files import utc_text, write_atomic
 
     record = RunRecord(Policy(5, 3600, 1, 60, 4), tmp_path, "r1", tmp_path / "checkpoints")
     record.run_dir.mkdir(parents=True)

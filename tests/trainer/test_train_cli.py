@@ -169,8 +169,8 @@ def test_module_entry_points_show_help():
 def test_a_store_run_reports_its_data_and_resumes_its_order_on_the_same_data_only(tmp_path):
     """status.json and the checkpoint name the data; a restart on the same store resumes the
     order, on a store prepared again from other records starts a new one and says so."""
-    from dflash.prepare import prepare
-    from dflash.records import Settings
+    from dflash.data.prepare import prepare
+    from dflash.data.records import Settings
 
     def records(seed: int, ids: int = 120) -> str:
         rows = [{"input_ids": [(seed + i * 7 + k) % ids for k in range(12)], "loss_mask":

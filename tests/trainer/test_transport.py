@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dflash.data import Sample, sample_store
-from dflash.order import BatchOrder, ShardedOrder
+from dflash.data.order import BatchOrder, ShardedOrder
 from dflash.pipeline import RemoteFeatureSource
 from dflash.server import FeatureServer
 from dflash.transport import FeatureReceiver, WireShape

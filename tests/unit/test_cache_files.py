@@ -1,5 +1,6 @@
 """The compile cache's hashes (dflash/cache_files.py) on real files, and the compiled entry a
-crash names (dflash/restart_facts.py compiled_entry) on faulthandler's real output format.
+crash names (dflash/supervision/restart_facts.py compiled_entry) on faulthandler's real output
+format.
 Standard library only: no compile here (tests/trainer/test_compile_canary.py compiles)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 from dflash.cache_files import HASHES, check, entry_files, record, repair
-from dflash.restart_facts import compiled_entry
+from dflash.supervision.restart_facts import compiled_entry
 from tests.helpers import REPO
 
 

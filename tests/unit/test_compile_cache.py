@@ -147,7 +147,8 @@ def test_verify_findings(tmp_path: Path):
 def test_a_cache_moved_aside_by_the_deploy_is_named_as_the_trainer_names_one(tmp_path):
     """The warmup module and the trainer's supervisor set a suspect cache aside alike, so verify
     reads both kinds the same way, newest first, with why."""
-    from dflash import supervision, supervisor_files
+    from dflash.supervision import files as supervisor_files
+    from dflash.supervision import record as supervision
 
     assert CACHE_SUSPECT_EXIT == supervision.CACHE_SUSPECT_EXIT
     cache = tmp_path / "cache" / "0123456789abcdef"

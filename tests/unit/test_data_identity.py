@@ -22,7 +22,7 @@ from ansible_collections.dflash.deploy.plugins.module_utils.dflash_data import (
     read_data,
     recorded,
 )
-from dflash.store_writer import StoreWriter
+from dflash.data.store_writer import StoreWriter
 
 
 def make_store(folder: Path, seed: int = 0, samples: int = 20) -> dict:
@@ -35,7 +35,7 @@ def make_store(folder: Path, seed: int = 0, samples: int = 20) -> dict:
 
 
 def reported(kind: str, path: Path, **fields) -> dict:
-    """status.json's `data` as the trainer writes it (dflash/store.py summary)."""
+    """status.json's `data` as the trainer writes it (dflash/data/store.py summary)."""
     return {"kind": kind, "path": str(path), **fields}
 
 
@@ -178,8 +178,8 @@ def test_dflash_data_becomes_the_data_flag():
 
 
 def test_a_status_json_data_summary_is_what_verify_reads(tmp_path):
-    """The summary the trainer writes (dflash/store.py) carries what the toolkit compares."""
-    from dflash.store import TokenStore
+    """The summary the trainer writes (dflash/data/store.py) carries what the toolkit compares."""
+    from dflash.data.store import TokenStore
 
     made = make_store(tmp_path / "store")
     summary = TokenStore.open(tmp_path / "store").summary()

@@ -185,7 +185,7 @@ def test_a_failed_launch_goes_back_to_the_newest_healthy_deployment_that_is_not_
     assert restore_target([], ["v0"], "v0", "v1", "a") == {"release": "v0"}
 
 
-# The supervisor's lines (dflash/supervise.py): the same deployment started again.
+# The supervisor's lines (dflash/supervision/supervisor.py): the same deployment started again.
 RESTARTS = [
     {"time": "2026-11-30T13:05:00+00:00", "action": "restart", "release": "v2",
      "tree_sha256": "tree-v2", "run_id": "r2", "result": result, "reason": "signal SIGKILL",

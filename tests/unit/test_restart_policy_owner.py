@@ -21,8 +21,8 @@ from ansible_collections.dflash.deploy.plugins.module_utils.dflash_run_spec impo
     supervise_flags,
     supervise_problems,
 )
-from dflash import supervise
-from dflash.supervision import Policy
+from dflash.supervision import supervisor as supervise
+from dflash.supervision.record import Policy
 from tests.helpers import REPO
 
 sys.path.insert(0, str(REPO / "library"))

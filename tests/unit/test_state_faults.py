@@ -23,7 +23,7 @@ from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import 
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state_findings import (
     history_findings,
 )
-from dflash.supervisor_files import append_line
+from dflash.supervision.files import append_line
 
 
 def torn_history(root: Path) -> bytes:

@@ -1,10 +1,10 @@
 """The toolkit's trainer states (module_utils/dflash_states.py) are the trainer's own
-(dflash/status.py), and each group the toolkit judges by is made of them."""
+(dflash/supervision/status.py), and each group the toolkit judges by is made of them."""
 
 from __future__ import annotations
 
 from ansible_collections.dflash.deploy.plugins.module_utils import dflash_states
-from dflash.status import STATES
+from dflash.supervision.status import STATES
 
 
 def test_the_toolkit_knows_exactly_the_trainers_states():

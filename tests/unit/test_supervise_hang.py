@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dflash import supervise
-from dflash.restart_facts import dumps_written, log_size
+from dflash.supervision import supervisor as supervise
+from dflash.supervision.restart_facts import dumps_written, log_size
 
 SLEEP = "import time; time.sleep(60)"
 # A stand-in trainer, run as `python -m` as the trainer is: faulthandler on SIGUSR1 (as

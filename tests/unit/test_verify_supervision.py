@@ -121,7 +121,7 @@ def test_bad_restart_settings_are_named(policy, hang_after, named):
 
 
 def test_verify_judges_a_hang_by_the_supervisors_automatic_limit():
-    from dflash.supervision import HANG_FLOOR_S, HANG_STEPS
+    from dflash.supervision.record import HANG_FLOOR_S, HANG_STEPS
 
     assert (dflash_supervision.HANG_FLOOR_S, dflash_supervision.HANG_STEPS) == (
         HANG_FLOOR_S, HANG_STEPS)  # fmt: skip

@@ -25,11 +25,11 @@ from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import 
 
 MARKER = "built-by.json"
 # A cache whose compiled step failed its canary is renamed <folder>.failed-<UTC time>, with this
-# file inside saying why (the trainer's supervisor does the same: dflash/supervision.py).
+# file inside saying why (the trainer's supervisor does the same: dflash/supervision/record.py).
 FAILED = "FAILED.json"
 FAILED_INFIX = ".failed-"
 # The exit code of a warmup or trainer whose compiled step failed its canary
-# (dflash/supervision.py CACHE_SUSPECT_EXIT; a unit test keeps the two equal).
+# (dflash/supervision/record.py CACHE_SUSPECT_EXIT; a unit test keeps the two equal).
 CACHE_SUSPECT_EXIT = 3
 # The release's list of the files its compiled code is keyed by (dflash/compiled.py: FILES).
 COMPILED_LIST = "dflash/compiled.py"

@@ -35,7 +35,7 @@ CACHE = "cache"
 ENV_MARKER = ".dflash-env.json"
 # In runs/<run id>/: the trainer's heartbeat and its log.
 STATUS = "status.json"
-# The trainer's supervisor's record of a run: restarts, goodput (dflash/supervise.py).
+# The trainer's supervisor's record of a run: restarts, goodput (dflash/supervision/supervisor.py).
 SUPERVISOR = "supervisor.json"
 TRAIN_LOG = "train.log"
 
@@ -219,7 +219,8 @@ def append_history(root: str, entry: dict | None) -> dict | None:
     """Append one line, whole or not at all (None: only the repair below). A last line left
     torn by a killed writer is first moved to history.jsonl.torn (kept, never lost) so that the
     new line starts on a line of its own; that move is returned ({line, bytes, kept}), else
-    None. Writers take the file's flock (the trainer's supervisor too: dflash/supervision.py)."""
+    None. Writers take the file's flock (the trainer's supervisor too:
+    dflash/supervision/record.py)."""
     line = b"" if entry is None else (json.dumps(entry, sort_keys=True) + "\n").encode()
     path = os.path.join(root, HISTORY)
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)

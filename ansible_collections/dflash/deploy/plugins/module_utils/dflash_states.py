@@ -1,4 +1,5 @@
-# The trainer's states, as its status.json says them (dflash/status.py STATES), and the groups
+# The trainer's states, as its status.json says them (dflash/supervision/status.py STATES),
+# and the groups
 # of them that the toolkit judges by: one definition for the launch, the no-op decision,
 # verify and its job verdict (tests/unit/test_states.py holds STATES to the trainer's own).
 # Standard library only: the target's modules and the controller's filters use it alike.

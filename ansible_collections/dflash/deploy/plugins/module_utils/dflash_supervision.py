@@ -1,4 +1,5 @@
-# What verify says of the trainer's supervision (dflash/supervise.py writes supervisor.json in
+# What verify says of the trainer's supervision (dflash/supervision/supervisor.py writes
+# supervisor.json in
 # the run folder): restarts of the current deployment, its goodput, and the findings `hung`,
 # `trainer_down` and `crash_loop`. Standard library only: the controller's filters use it.
 from __future__ import annotations
@@ -9,7 +10,7 @@ from datetime import datetime
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_findings import finding
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_hints import restart_command
 
-# The supervisor's automatic hang limit (dflash/supervise.py Policy.hang_limit).
+# The supervisor's automatic hang limit (dflash/supervision/supervisor.py Policy.hang_limit).
 HANG_FLOOR_S = 300.0
 HANG_STEPS = 10
 

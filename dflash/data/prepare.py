@@ -1,7 +1,8 @@
-"""JSONL files into a token store (dflash/store.py), streamed: memory does not grow with the data.
+"""JSONL files into a token store (dflash/data/store.py), streamed: memory does not grow with
+the data.
 
 Records are parsed by a pool of worker processes, chunk by chunk, and written in input order by
-a StoreWriter (dflash/store_writer.py: a temp folder renamed into place, so a prepare killed at
+a StoreWriter (dflash/data/store_writer.py: a temp folder renamed into place, so a prepare killed at
 any moment leaves no store under the final name); progress goes to stderr every few seconds. A
 JSONL file given to the trainer is prepared once into a cache keyed by its content.
 """
@@ -22,10 +23,10 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from dflash.data.records import Parsed, RecordParser, Settings, tokenizer_identity
+from dflash.data.store import MANIFEST, TokenStore, file_sha256
+from dflash.data.store_writer import Say, StoreWriter, stderr
 from dflash.errors import ConfigError
-from dflash.records import Parsed, RecordParser, Settings, tokenizer_identity
-from dflash.store import MANIFEST, TokenStore, file_sha256
-from dflash.store_writer import Say, StoreWriter, stderr
 
 CHUNK_BYTES = 4 << 20  # lines handed to a worker at a time
 IN_PROCESS_BELOW = 32 << 20  # smaller inputs are parsed without a pool

@@ -1,6 +1,6 @@
 """The prepared token store: flat arrays on disk that every process of a host reads in place.
 
-A store is a folder (written by `python -m dflash.data prepare`, dflash/prepare.py):
+A store is a folder (written by `python -m dflash.data prepare`, dflash/data/prepare.py):
 
     tokens.i32        int32  every sample's token ids, one after the other
     loss_mask.u8      uint8  1 where the drafter learns, per token
@@ -17,7 +17,7 @@ kernels with large page-cache folios each fault maps up to 2 MB around the sampl
 process's resident size would climb toward the store's size over an epoch.) `content_sha256`
 names the data: the hash of the three arrays that define it (first_anchor is derived).
 Just over 300 lines: the format, its reading and its manifest belong together; writing a store
-is dflash/store_writer.py's.
+is dflash/data/store_writer.py's.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ class TokenStore:
 def build_manifest(
     arrays: dict[str, np.ndarray], anchors: np.ndarray, **fields: Any
 ) -> dict[str, Any]:
-    """The manifest of in-memory arrays (prepare streams its own, dflash/prepare.py)."""
+    """The manifest of in-memory arrays (prepare streams its own, dflash/data/prepare.py)."""
     sums = {name: hashlib.sha256(array.tobytes()).hexdigest() for name, array in arrays.items()}
     sums["first_anchor"] = hashlib.sha256(anchors.tobytes()).hexdigest()
     lengths = np.diff(arrays["offsets"])

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from dflash.data.store import first_anchors
 from dflash.errors import ConfigError
-from dflash.store import first_anchors
 
 # Files of a tokenizer folder that decide how text becomes ids (not the model's weights).
 TOKENIZER_FILES = ("tokenizer", "vocab", "merges", "special_tokens_map", "added_tokens")

@@ -3,8 +3,8 @@
 `Policy`: when to restart (a window, a back-off) and when a trainer hangs. `RunRecord`: each
 start of the trainer (an attempt) with what its status.json said, each restart, the run's
 state, and what it writes: supervisor.json in the run folder (rewritten atomically; goodput from
-dflash.goodput) and one `restart` line per restart in the state root's history.jsonl.
-Its files are written by dflash.supervisor_files, which a full disk cannot kill. Standard
+dflash.supervision.goodput) and one `restart` line per restart in the state root's history.jsonl.
+Its files are written by dflash.supervision.files, which a full disk cannot kill. Standard
 library only.
 """
 
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from dflash.checkpoint_names import newest_step
-from dflash.goodput import epoch, goodput
-from dflash.restart_facts import compiled_entry, last_error, log_size
-from dflash.supervisor_files import append_line, log, read_status, utc_text, write_atomic
+from dflash.supervision.files import append_line, log, read_status, utc_text, write_atomic
+from dflash.supervision.goodput import epoch, goodput
+from dflash.supervision.restart_facts import compiled_entry, last_error, log_size
 
 SUPERVISOR_FILE = "supervisor.json"
 HISTORY_FILE = "history.jsonl"

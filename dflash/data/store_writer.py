@@ -1,4 +1,4 @@
-"""Writing a token store (dflash/store.py): arrays appended chunk by chunk into a temp folder
+"""Writing a token store (dflash/data/store.py): arrays appended chunk by chunk into a temp folder
 beside the final one, hashed as they are written, renamed into place with the manifest at the
 end. A writer killed at any moment leaves no store under the final name; the next writer of
 that name on the same host removes what a dead one left."""
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from dflash.data.store import ARRAYS, MANIFEST, manifest, write_manifest
 from dflash.errors import ConfigError
-from dflash.store import ARRAYS, MANIFEST, manifest, write_manifest
 
 TEMP_MARK = ".prepare-"
 Say = Callable[[str], None]

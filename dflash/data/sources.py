@@ -1,20 +1,10 @@
-"""Training data: a prepared token store, a JSONL file, or the target's own greedy
-continuations (the batch order over them is dflash/order.py).
-
-    python -m dflash.data prepare --out FOLDER [--tokenizer DIR] [--target-model M] INPUT...
-    python -m dflash.data inspect [--verify] FOLDER
-
-`prepare` turns JSONL (dflash/records.py names the forms) into a store that every process
-reads in place (dflash/store.py); `inspect` prints a store's manifest as JSON. The trainer's
-`--data` takes a store folder, or a JSONL file that it prepares once into `--data-cache`.
-"""
+"""Where a run's samples come from: a prepared token store, a JSONL file (prepared once into
+`--data-cache`), or the target's own greedy continuations (the batch order over them is
+dflash/data/order.py)."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,11 +12,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dflash.data.prepare import cached_store
+from dflash.data.records import Settings
+from dflash.data.store import TokenStore
 from dflash.errors import ConfigError
-from dflash.prepare import cached_store, default_workers, prepare
-from dflash.records import Settings
-from dflash.store import TokenStore
-from dflash.target import TINY, Target, load_target_config
+from dflash.target import Target, load_target_config
 
 SELF_GENERATED = "self_generated"
 
@@ -119,71 +109,9 @@ def _eos_ids(config: Any) -> set[int]:
     return set(eos) if isinstance(eos, list) else {eos}
 
 
-def _vocab_size(vocab_size: int | None, target_model: str | None) -> int | None:
+def vocab_size_of(vocab_size: int | None, target_model: str | None) -> int | None:
     if vocab_size is not None:
         return vocab_size
     if target_model is not None:
         return int(load_target_config(target_model).vocab_size)
     return None
-
-
-def cli_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m dflash.data", description="Prepare and inspect token stores."
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    make = commands.add_parser(
-        "prepare",
-        help="JSONL files into a store folder that the trainer reads in place (--data FOLDER)",
-    )
-    make.add_argument("inputs", nargs="+", type=Path, metavar="INPUT.jsonl")
-    make.add_argument("--out", type=Path, required=True, help="the store folder to write")
-    make.add_argument("--tokenizer", default=None, help="tokenizer folder, for text records")
-    vocab = make.add_mutually_exclusive_group()
-    vocab.add_argument(
-        "--target-model",
-        default=None,
-        help=f"check token ids against this target's vocabulary ('{TINY}' or a model folder)",
-    )
-    vocab.add_argument("--vocab-size", type=int, default=None, help="check ids below this")
-    make.add_argument(
-        "--max-seq-len", type=int, default=3072, help="cut longer samples (default 3072)"
-    )
-    make.add_argument(
-        "--workers",
-        type=int,
-        default=default_workers(),
-        help=f"parsing processes (default {default_workers()}: the CPUs, up to 8)",
-    )
-    make.add_argument("--force", action="store_true", help="replace an existing store")
-    look = commands.add_parser("inspect", help="print a store's manifest as JSON")
-    look.add_argument("store", type=Path)
-    look.add_argument(
-        "--verify", action="store_true", help="hash every array again against the manifest"
-    )
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = cli_parser().parse_args(argv)
-    try:
-        if args.command == "inspect":
-            store = TokenStore.open(args.store, verify=args.verify)
-            print(json.dumps({"path": str(args.store.resolve()), **store.manifest}, indent=2))
-            return 0
-        if args.max_seq_len < 2 or args.workers < 1:
-            raise ConfigError(
-                f"--max-seq-len {args.max_seq_len} / --workers {args.workers}: the longest "
-                "sample needs 2 or more tokens and the workers 1 or more"
-            )
-        vocab_size = _vocab_size(args.vocab_size, args.target_model)
-        settings = Settings(args.max_seq_len, vocab_size, args.tokenizer)
-        prepare(args.inputs, args.out, settings, workers=args.workers, force=args.force)
-        return 0
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dflash.data.store import TokenStore
 from dflash.errors import ConfigError
-from dflash.store import TokenStore
 
 
 @dataclass
