@@ -9,7 +9,6 @@ Needs the wheelhouse filled (ansible-playbook playbooks/wheelhouse.yml)."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import shutil
 import statistics
@@ -21,8 +20,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-# ansible.module_utils.dflash_* from module_utils/, as the unit tests import them.
-importlib.import_module("tests.unit.conftest")
 
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import (  # noqa: E402
     requirement_lines,

@@ -121,11 +121,9 @@ def playbook(root: Path, inv: Path, name: str, rows: list, step: str, **extra: A
         ANSIBLE_CALLBACKS_ENABLED="dflash_role_times",
         DFLASH_ROLE_TIMES=str(times),
         ANSIBLE_NOCOLOR="1",
-        # The controller-side plugins import module_utils/, which `make venv` puts on the venv's
-        # path (pyproject.toml); this interpreter is not that venv's.
-        PYTHONPATH=os.pathsep.join(
-            filter(None, [str(REPO / "module_utils"), os.environ.get("PYTHONPATH")])
-        ),
+        # The plugins and modules import the collection dflash.deploy: ansible.cfg names it, and
+        # the checkout's root on the path finds it too (this interpreter is not make venv's).
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     )
     extra.setdefault("dflash_verify_json", str(root / "reports" / "verify.json"))
     watch = FirstStep(root / "state")
