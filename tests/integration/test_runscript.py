@@ -228,7 +228,7 @@ def test_the_restart_policy_is_the_supervisors_flags(tmp_path):
     flags = execute(run_sh, tmp_path)["supervise"]
     # Only the keys set: the supervisor keeps its own defaults for the rest
     # (tests/unit/test_restart_policy_owner.py).
-    assert flags == ["--max-restarts", "2", "--backoff", "3", "--hang-after", "45"]
+    assert flags == ["--backoff", "3", "--max-restarts", "2", "--hang-after", "45"]
     off, run_sh = render(tmp_path, dflash_trainer_args={"target_model": "tiny"},
                          dflash_restart_policy={"enabled": False})  # fmt: skip
     assert off.rc == 0, off.output

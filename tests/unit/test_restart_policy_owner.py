@@ -73,7 +73,9 @@ def test_the_docs_state_the_defaults_the_supervisor_publishes():
 
 def test_run_sh_passes_only_the_keys_set_and_the_supervisor_fills_the_rest():
     groups = supervise_flags({"max_restarts": 2, "backoff": 3}, 45)
-    assert groups == [["--max-restarts", "2"], ["--backoff", "3"], ["--hang-after", "45"]]
+    assert groups == [["--backoff", "3"], ["--max-restarts", "2"], ["--hang-after", "45"]]
+    # The inventory's order of the keys does not change run.sh.
+    assert supervise_flags({"backoff": 3, "max_restarts": 2}, 45) == groups
     argv = [word for group in groups for word in group]
     policy, _, _, _ = supervise.parse([*argv, "--root", "/r", "--run-id", "x", "--", "true"])
     defaults = described()

@@ -204,7 +204,8 @@ def supervise_flags(policy: object, hang_after: object) -> list[list[str]]:
     if not isinstance(enabled, bool):
         raise RunSpecError(f"dflash_restart_policy.enabled {enabled!r}: true or false")
     flags = [["--max-restarts", "0"]] if not enabled else []
-    for key, value in policy.items():
+    # In the keys' order, not the inventory's: run.sh's text must not change with it.
+    for key, value in sorted(policy.items(), key=lambda item: str(item[0])):
         if key == "enabled" or (key == "max_restarts" and not enabled):
             continue
         said = str(value).lower() if isinstance(value, bool) else str(value)
