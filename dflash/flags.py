@@ -16,7 +16,7 @@ reads (the warm-up's flags, the throughput shape's defaults, the flags run.sh se
 `check supervise` and `describe supervise` do the same for the supervisor's restart policy
 (dflash.supervise): its keys, bounds and defaults live here and nowhere else; the toolkit's
 dflash_restart_policy passes only the keys a user sets.
-Over 300 lines on purpose: it is the one table of every flag of the three commands.
+Over 300 lines on purpose: it is the one table of every flag of these commands.
 """
 
 from __future__ import annotations

@@ -209,12 +209,8 @@ def supervise_flags(policy: object, hang_after: object) -> list[list[str]]:
         if key == "enabled" or (key == "max_restarts" and not enabled):
             continue
         said = str(value).lower() if isinstance(value, bool) else str(value)
-        flags.append([policy_flag(key), said])
+        flags.append([flag_name(key), said])
     return [*flags, ["--hang-after", str(hang_after)]]
-
-
-def policy_flag(key: object) -> str:
-    return "--" + str(key).replace("_", "-")
 
 
 def _variable(flag: str) -> str:
@@ -227,7 +223,7 @@ def supervise_problems(problems: list[str], policy: dict, hang_after: object) ->
     """The release's refusals of run.sh's supervise flags (python -m dflash.flags check
     supervise), told by the variables that made the flags: `argument --backoff: '0' must be
     > 0.0` is `dflash_restart_policy.backoff 0: '0' must be > 0.0`."""
-    given = {policy_flag(key): value for key, value in policy.items()}
+    given = {flag_name(key): value for key, value in policy.items()}
     given["--hang-after"] = hang_after
     told = []
     for problem in problems:
