@@ -46,6 +46,7 @@ from soak_target import Target  # noqa: E402
 
 from dflash.data.prepare import prepare  # noqa: E402
 from dflash.data.records import Settings  # noqa: E402
+from dflash.supervision.states import state_is  # noqa: E402
 from tests.helpers import (  # noqa: E402
     dflash_package_files,
     git_source,
@@ -279,7 +280,7 @@ class Soak:
             play = self.background_deploy(tag, log)
             while play.poll() is None:
                 status = self.target.status()
-                new = status.get("release") == tag and status.get("state") == "running"
+                new = status.get("release") == tag and state_is(status, "steps_due")
                 if new and "killed_at" not in self.faults[-1] and status.get("pid"):
                     os.kill(status["pid"], signal.SIGKILL)
                     self.faults[-1].update(killed_at=self.now(), killed_at_step=status.get("step"))

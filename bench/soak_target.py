@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from dflash.supervision.states import state_is
 from tests.integration.conftest import read_json
 
 
@@ -53,7 +54,7 @@ class Target:
         status = self.status()
         pid = status.get("pid")
         return (
-            status.get("state") == "running"
+            state_is(status, "steps_due")
             and status.get("attempt", 0) > attempt_over
             and status.get("step", 0) > (status.get("resumed_from_step") or 0)
             and (release is None or status.get("release") == release)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_data import store_refused
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_env_lock import (
     lock_id,
     lock_problems,
@@ -268,6 +269,7 @@ class FilterModule:
             "dflash_renamed_vars": renamed_vars,
             "dflash_run_spec": dflash_run_spec,
             "dflash_supervise_problems": supervise_problems,
+            "dflash_store_refused": store_refused,
             "dflash_release_problem": release_id_problem,
             "dflash_env_lock_problems": lock_problems,
             "dflash_lock_id": env_lock_id,

@@ -6,7 +6,7 @@ from typing import Any
 
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_job import job_members
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lines import last_deployment
-from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import TRAINING
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import state_is
 
 BROKEN = ("job_host", "job_trainer", "job_rendezvous", "job_world_size")
 
@@ -48,6 +48,7 @@ def _judge_job(name: str, members: list[str], report: dict, hostvars: Any) -> di
             "deployed_release": deployed_release,
             "live": job,
             "state": (result.get("trainer") or {}).get("state"),
+            "training": state_is(result.get("trainer"), "training"),
         }
     # What the job's deployment was: the one most of its hosts recorded last.
     deployed_ids = {h: v["deployed"].get("rdzv_id") for h, v in hosts.items()}
@@ -69,7 +70,7 @@ def _judge_job(name: str, members: list[str], report: dict, hostvars: Any) -> di
                 f"{redeploy}",
             ))  # fmt: skip
         live = view["live"]
-        if view["state"] not in TRAINING:
+        if not view["training"]:
             findings.append(_finding(
                 "job_trainer", host, "a trainer of the job", view["state"] or "no trainer",
                 f"one host's trainer stopping stops the job's training; {redeploy}",

@@ -28,7 +28,7 @@ from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lockfile impo
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state_findings import (
     state_findings,
 )
-from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import ALIVE
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import state_is
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_supervision import (
     supervision_findings,
 )
@@ -218,7 +218,7 @@ def trainer_findings(facts: dict, heartbeat_max_age: float) -> list[dict]:
             )
         age = next((p["heartbeat_age_s"] for p in group if p.get("heartbeat_age_s") is not None),
                    None)  # fmt: skip
-        if status.get("state") in ALIVE and age is not None and age > heartbeat_max_age:
+        if state_is(status, "alive") and age is not None and age > heartbeat_max_age:
             out.append(
                 finding(
                     "heartbeat_stale",

@@ -14,7 +14,7 @@ from ansible_collections.dflash.deploy.plugins.module_utils.dflash_data import l
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_findings import finding
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_gpu import judge_facts
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_judged import judged_trainer
-from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import STEPPING
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import state_is
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_supervision import (
     supervision_line,
     supervision_view,
@@ -47,6 +47,7 @@ def trainer_summary(facts: dict) -> dict | None:
         "pid": leader["pid"],
         "run_id": status.get("run_id") or leader.get("run_id"),
         "state": status.get("state"),
+        "state_is": status.get("state_is"),  # what the state means (dflash_states.state_is)
         "step": status.get("step"),
         "started_at": leader.get("started_at"),
         "age_s": leader.get("age_s"),
@@ -208,7 +209,7 @@ def throughput_view(facts: dict, min_ratio: float = 0.8, heartbeat_max_age: floa
         return dict(view, note="no trainer runs")
     leader, status = found
     tree = ((facts.get("current") or {}).get("manifest") or {}).get("tree_sha256")
-    if status.get("state") not in STEPPING:
+    if not state_is(status, "stepping"):
         return dict(view, note=f"the trainer is {status.get('state') or 'without status.json'}")
     if status.get("code_tree_sha256") != tree:
         return dict(view, note="the trainer runs another release than current")

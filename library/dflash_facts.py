@@ -361,6 +361,7 @@ from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import 
     stale_temp_dirs,
     unknown_releases,
 )
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import supervisor_is
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_throughput import (
     throughput_references,
 )
@@ -414,7 +415,7 @@ def trainers(root: str) -> dict:
     # against what lies at their path.
     down = (
         read_json(run_path(root, run_id, STATUS))
-        if run_id and ((supervisor or {}).get("state") in ("backoff", "crash_loop")
+        if run_id and (supervisor_is(supervisor, "down") or supervisor_is(supervisor, "gave_up")
                        or not any(p["run_id"] == run_id for p in processes))
         else None
     )  # fmt: skip

@@ -8,9 +8,9 @@ DOCUMENTATION = r"""
 module: dflash_trainer_flags
 short_description: Check trainer flags against the release's own parser
 description:
-  - Runs on the controller (delegate_to localhost). Takes C(dflash/flags.py) out of the built
-    release archive and runs C(python -m dflash.flags check train FLAGS) with it, isolated from
-    the controller's own packages; it needs only the standard library, no torch.
+  - Runs on the controller (delegate_to localhost). Takes the Python files of C(dflash/) out of
+    the built release archive and runs C(python -m dflash.flags check train FLAGS) with them,
+    isolated from the controller's own packages; it needs only the standard library, no torch.
   - Names every unknown flag (with the closest known one) and every value of the wrong type,
     as the trainer itself would refuse them at start.
   - Also returns the release's own description of its flags (C(python -m dflash.flags describe
@@ -19,6 +19,8 @@ description:
   - With I(supervise), checks run.sh's flags of the supervisor (the restart policy) the same
     way, with C(python -m dflash.flags check supervise); the policy's keys, bounds and defaults
     are the release's own.
+  - Also returns the release's other contracts (C(python -m dflash.contracts)) - the store
+    format it reads, which preflight holds the store named by C(dflash_data) to.
   - A release older than C(dflash/flags.py) cannot be checked; the result says so.
 options:
   archive:
@@ -72,6 +74,13 @@ schema:
       null for a release that cannot describe them.
   type: dict
   returned: always
+contracts:
+  description:
+    - The release's contracts (C(python -m dflash.contracts)) - C(status) and C(supervisor)
+      (their states and what each means), C(store) (C(format), C(version), C(manifest),
+      C(arrays), C(summary_keys)) and C(flags); null for a release from before them.
+  type: dict
+  returned: always
 supervise:
   description:
     - The check of I(supervise) - C(checked) (false for a release whose dflash/flags.py has no
@@ -93,21 +102,46 @@ NEEDED = ("dflash/__init__.py", "dflash/flags.py")
 
 
 def check(archive: str, argv: list[str], supervise: list[str] | None = None) -> dict:
-    with tarfile.open(archive) as tar:
-        names = set(tar.getnames())
-        if not set(NEEDED) <= names:
-            return {"checked": False, "problems": [], "schema": None}
-        with tempfile.TemporaryDirectory(prefix="dflash-flags-") as folder:
-            os.mkdir(os.path.join(folder, "dflash"))
-            for name in NEEDED:
-                member = tar.extractfile(name)
-                assert member is not None
-                with open(os.path.join(folder, name), "wb") as handle:
-                    handle.write(member.read())
-            result = _checked(folder, archive, "train", argv)
-            if supervise is not None:
-                result["supervise"] = _checked(folder, archive, "supervise", supervise)
+    with (
+        tarfile.open(archive) as tar,
+        tempfile.TemporaryDirectory(prefix="dflash-flags-") as folder,
+    ):
+        if not set(NEEDED) <= set(tar.getnames()):
+            return {"checked": False, "problems": [], "schema": None, "contracts": None}
+        _extract_package(tar, folder)
+        result = _checked(folder, archive, "train", argv)
+        if supervise is not None:
+            result["supervise"] = _checked(folder, archive, "supervise", supervise)
+        result["contracts"] = _contracts(folder)
     return result
+
+
+def _extract_package(tar: tarfile.TarFile, folder: str) -> None:
+    """The release's Python files of dflash/ (stdlib-only ones are all that run here)."""
+    for member in tar.getmembers():
+        parts = member.name.split("/")
+        if parts[0] != "dflash" or ".." in parts or not member.isfile():
+            continue
+        if not member.name.endswith(".py"):
+            continue
+        os.makedirs(os.path.join(folder, *parts[:-1]), exist_ok=True)
+        source = tar.extractfile(member)
+        assert source is not None
+        with open(os.path.join(folder, *parts), "wb") as handle:
+            handle.write(source.read())
+
+
+def _contracts(folder: str) -> dict | None:
+    """The release's own contracts (python -m dflash.contracts), or None for a release from
+    before them."""
+    if not os.path.isfile(os.path.join(folder, "dflash", "contracts.py")):
+        return None
+    proc = _run(folder, "dflash.contracts")
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"the release's dflash.contracts exited {proc.returncode}: {proc.stderr[-1000:]}"
+        )
+    return json.loads(proc.stdout)
 
 
 def _checked(folder: str, archive: str, command: str, argv: list[str]) -> dict:
@@ -126,9 +160,13 @@ def _checked(folder: str, archive: str, command: str, argv: list[str]) -> dict:
 
 
 def _flags(folder: str, *args: str) -> subprocess.CompletedProcess:
+    return _run(folder, "dflash.flags", *args)
+
+
+def _run(folder: str, module: str, *args: str) -> subprocess.CompletedProcess:
     # -E -s: none of the controller's PYTHON* variables or user site packages.
     return subprocess.run(
-        [sys.executable, "-E", "-s", "-B", "-m", "dflash.flags", *args],
+        [sys.executable, "-E", "-s", "-B", "-m", module, *args],
         cwd=folder, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 

@@ -110,6 +110,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lockfile import LockError, fence
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import read_json
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import state_is
 
 # How often the job file is read while waiting: a stat and a small read, nothing more.
 CHECK_EVERY_S = 0.2
@@ -129,7 +130,7 @@ def job_finished(path: str) -> bool:
 def trainer_progress(status: dict[str, Any], release: str, steps: int) -> str | None:
     """`step 3 of 5` for a running trainer of `release`, counted as the health check counts
     (steps of this run, after the step a checkpoint resumed from), or None."""
-    if status.get("release") != release or status.get("state") != "running":
+    if status.get("release") != release or not state_is(status, "stepping"):
         return None
     done = (status.get("step") or 0) - (status.get("resumed_from_step") or 0)
     return f"step {max(done, 0)} of {steps}"

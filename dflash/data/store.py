@@ -32,33 +32,18 @@ from typing import Any
 
 import numpy as np
 
+from dflash.data.store_format import (
+    ARRAY_FILES,
+    CONTENT,
+    FORMAT,
+    MANIFEST,
+    SUMMARY_KEYS,
+    VERSION,
+)
 from dflash.errors import ConfigError
 
-FORMAT = "dflash-token-store"
-VERSION = 1
-MANIFEST = "manifest.json"
 # name -> (file, dtype); the order is the order of content_sha256.
-ARRAYS = {
-    "tokens": ("tokens.i32", np.dtype("<i4")),
-    "loss_mask": ("loss_mask.u8", np.dtype("u1")),
-    "offsets": ("offsets.i64", np.dtype("<i8")),
-    "first_anchor": ("first_anchor.i32", np.dtype("<i4")),
-}
-CONTENT = ("tokens", "loss_mask", "offsets")
-# What a run reports of its data (status.json, checkpoints, history): the manifest without
-# the per-file table.
-SUMMARY_KEYS = (
-    "content_sha256",
-    "samples",
-    "tokens",
-    "supervised_tokens",
-    "lengths",
-    "max_token_id",
-    "sources",
-    "tokenizer",
-    "settings",
-    "created",
-)
+ARRAYS = {name: (file, np.dtype(dtype)) for name, (file, dtype) in ARRAY_FILES.items()}
 HASH_BLOCK = 1 << 24
 # Read a sample at a time, in shuffled order; the per-sample index is read whole.
 PER_TOKEN = ("tokens", "loss_mask")
@@ -248,8 +233,17 @@ def manifest(
         "tokenizer": tokenizer,
         "settings": settings or {},
         "created": created,
+        # What a reader needs to judge the store without this code: which keys a run reports
+        # (the summary) and each file's size in bytes.
+        "summary_keys": list(SUMMARY_KEYS),
         "arrays": {
-            name: {"file": file, "dtype": dtype.str, "count": counts[name], "sha256": sums[name]}
+            name: {
+                "file": file,
+                "dtype": dtype.str,
+                "count": counts[name],
+                "bytes": counts[name] * dtype.itemsize,
+                "sha256": sums[name],
+            }
             for name, (file, dtype) in ARRAYS.items()
         },
         **extra,

@@ -22,6 +22,7 @@ from dflash.checkpoint_names import newest_step
 from dflash.supervision.files import append_line, log, read_status, utc_text, write_atomic
 from dflash.supervision.goodput import epoch, goodput
 from dflash.supervision.restart_facts import compiled_entry, last_error, log_size
+from dflash.supervision.states import SUPERVISOR_STATES, state_fields, state_is
 
 SUPERVISOR_FILE = "supervisor.json"
 HISTORY_FILE = "history.jsonl"
@@ -155,9 +156,10 @@ class RunRecord:
         if status.get("attempt", 0) != attempt["attempt"]:  # none of its own: a new one
             status = {"run_id": self.run_id, "attempt": attempt["attempt"], "step": 0,
                       "release": self.release}  # fmt: skip
-        elif status.get("state") == "failed":  # it said so itself, with its own error
+        elif state_is(status, "failed"):  # it said so itself, with its own error
             return
-        status.update(state="failed", exit_code=code, error=f"{how} (written by the supervisor)")
+        status.update(state_fields("failed"), exit_code=code,
+                      error=f"{how} (written by the supervisor)")  # fmt: skip
         write_atomic(self.status_path, status)
 
     def canary_failure(self, code: int) -> tuple[str, Path] | None:
@@ -269,6 +271,7 @@ class RunRecord:
                 "pid": os.getpid(),
                 "run_id": self.run_id,
                 "state": self.state,
+                "state_is": list(SUPERVISOR_STATES[self.state]),
                 "updated_at": utc_text(now),
                 "started_at": utc_text(self.started),
                 "policy": asdict(self.policy),

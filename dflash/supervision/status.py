@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dflash.provenance import code_tree_sha256, release_name, versions
-
-STATES = ("starting", "warming", "running", "checkpointing", "stopped", "failed")
+from dflash.supervision.states import state_fields
 
 
 def utc_now() -> str:
@@ -46,7 +45,7 @@ class StatusFile:
         self._fields: dict[str, Any] = {
             "pid": os.getpid(),
             "run_id": run_id,
-            "state": "starting",
+            **state_fields("starting"),
             "code_tree_sha256": code_tree_sha256(),
             "release": release_name(),
             "versions": versions(),
@@ -83,8 +82,8 @@ class StatusFile:
 
     def update(self, **fields: Any) -> None:
         """Change fields; the next heartbeat writes them."""
-        if "state" in fields and fields["state"] not in STATES:
-            raise ValueError(f"unknown state {fields['state']!r}")
+        if "state" in fields:
+            fields = {**fields, **state_fields(fields["state"])}
         with self._lock:
             self._fields.update(fields)
 

@@ -47,6 +47,7 @@ from dflash.supervision.files import log, move_aside, read_status
 from dflash.supervision.goodput import epoch
 from dflash.supervision.record import CANARY_FAILED, Policy, RunRecord
 from dflash.supervision.restart_facts import checkpoint_dir, dumps_written, log_size, release_name
+from dflash.supervision.states import state_is
 
 # The stacks of a hung trainer reach the log before the kill: it is killed once the dumps are
 # whole in the log (wait_for_stacks), or after DUMP_WAIT_S at most (a process that cannot run its
@@ -160,7 +161,7 @@ class Supervisor:
         """Seconds since the last step when that is past the hang limit, else None."""
         if status.get("attempt", 0) != self.record.attempts[-1]["attempt"]:
             return None
-        if status.get("state") != "running":  # warming (compiling) and checkpoints may be long
+        if not state_is(status, "steps_due"):  # compiles and checkpoints may be long
             return None
         self.note_full_disk()
         # A full disk stops status.json, not the trainer (dflash/supervision/status.py): the

@@ -35,6 +35,19 @@ def snapshot(root: Path) -> dict[str, bytes | str]:
     return state
 
 
+def git_commit(repo: Path, files: dict[str, str], tag: str) -> None:
+    """A tagged commit of `files` on the shared source, then HEAD back where it was: the
+    other cases deploy HEAD."""
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    git = ["git", "-C", str(repo), "-c", "user.email=t@example.invalid", "-c", "user.name=t"]
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", tag], check=True)
+    subprocess.run([*git, "tag", tag], check=True)
+    subprocess.run([*git, "reset", "-q", "--hard", "HEAD~1"], check=True)
+
+
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory: pytest.TempPathFactory, local_envs: Path) -> dict[str, str]:
     """One target with v1 deployed, shared by every bad-input case: each must leave it exactly
@@ -277,11 +290,7 @@ def test_a_read_only_state_root_is_refused_before_any_change(deployed, tmp_path)
 def test_a_release_whose_package_does_not_import_is_refused_first(deployed):
     root = Path(deployed["dflash_root"])
     repo = Path(deployed["dflash_source_dir"])
-    (repo / "dflash" / "__init__.py").write_text("raise RuntimeError('boom at import')\n")
-    git = ["git", "-C", str(repo), "-c", "user.email=t@example.invalid", "-c", "user.name=t"]
-    subprocess.run([*git, "commit", "-qam", "broken"], check=True)
-    subprocess.run([*git, "tag", "broken"], check=True)
-    subprocess.run([*git, "reset", "-q", "--hard", "HEAD~1"], check=True)  # others deploy HEAD
+    git_commit(repo, {"dflash/__init__.py": "raise RuntimeError('boom at import')\n"}, "broken")
     before = snapshot(root)
     run = run_playbook("deploy.yml", {**deployed, "dflash_ref": "broken"})
     assert run.rc != 0
@@ -310,6 +319,40 @@ def test_a_truncated_store_is_refused_with_the_command_that_prepares_it_again(de
     flat = " ".join(run.output.split())
     assert f"dflash_data '{store}' on local: {tokens.name} holds " in flat, flat
     assert "/envs/lock-" in flat and f"-m dflash.data prepare --force --out {store} " in flat
+    assert snapshot(root) == before
+
+
+def test_a_store_the_release_does_not_read_is_refused_by_the_releases_own_format(
+    deployed, tmp_path
+):
+    """The store format is the release's own (python -m dflash.contracts): a release whose
+    trainer reads store version 2 refuses a version-1 store before any change, and the toolkit
+    follows it without an edit of its own."""
+    from dflash.data.prepare import prepare
+    from dflash.data.records import Settings
+
+    root = Path(deployed["dflash_root"])
+    repo = Path(deployed["dflash_source_dir"])
+    package = {str(p.relative_to(REPO)): p.read_text() for p in (REPO / "dflash").rglob("*.py")}
+    store_format = "dflash/data/store_format.py"
+    package[store_format] = package[store_format].replace("\nVERSION = 1\n", "\nVERSION = 2\n")
+    assert "VERSION = 2" in package[store_format]
+    git_commit(repo, package, "store-v2")
+    records = tmp_path / "a.jsonl"
+    records.write_text('{"input_ids": [1, 2, 3, 4], "loss_mask": [0, 0, 1, 1]}\n' * 8)
+    store = tmp_path / "store"
+    prepare([records], store, Settings(64, 128, None), say=lambda _: None)
+    before = snapshot(root)
+    run = run_playbook(
+        "deploy.yml", {**deployed, "dflash_ref": "store-v2", "dflash_data": str(store)}
+    )
+    assert run.rc != 0
+    flat = " ".join(run.output.split())
+    assert (
+        f"dflash_data '{store}' on local: the store is dflash-token-store version 1, the release "
+        "reads dflash-token-store version 2 (release store-v2, python -m dflash.contracts)"
+    ) in flat, run.output
+    assert f"-m dflash.data prepare --force --out {store} FILE.jsonl" in flat
     assert snapshot(root) == before
 
 

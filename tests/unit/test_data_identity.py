@@ -57,7 +57,7 @@ def test_what_lies_at_the_path_is_read_without_the_data(tmp_path):
     (tmp_path / "empty").mkdir()
     assert read_data(str(tmp_path / "empty"))["error"].startswith("no manifest.json")
     (tmp_path / "empty" / "manifest.json").write_text("{}")
-    assert "not a dflash-token-store manifest" in read_data(str(tmp_path / "empty"))["error"]
+    assert "has no arrays table" in read_data(str(tmp_path / "empty"))["error"]
 
     tokens = tmp_path / "store" / "tokens.i32"
     tokens.write_bytes(tokens.read_bytes()[:-4])

@@ -120,11 +120,25 @@ def test_bad_restart_settings_are_named(policy, hang_after, named):
         supervise_flags(policy, hang_after)
 
 
-def test_verify_judges_a_hang_by_the_supervisors_automatic_limit():
-    from dflash.supervision.record import HANG_FLOOR_S, HANG_STEPS
+def test_verify_judges_a_hang_by_the_limit_the_supervisor_writes():
+    # The limit is the supervisor's own (Policy.hang_limit), as its supervisor.json says it:
+    # a release that draws its limit otherwise is followed without an edit here.
+    from dflash.supervision.record import Policy
 
-    assert (dflash_supervision.HANG_FLOOR_S, dflash_supervision.HANG_STEPS) == (
-        HANG_FLOOR_S, HANG_STEPS)  # fmt: skip
+    slow = {**running(0), "step_s_median": 50.0}
+    policy = Policy(max_restarts=5, window_s=3600.0, backoff_s=10.0, backoff_max_s=300.0,
+                    hang_after_s=None)  # fmt: skip
+    limit = policy.hang_limit(slow)
+    assert limit == 500.0  # ten slow steps, past the 300 s floor
+    record = supervisor(hang_after_s=limit)
+    assert dflash_findings(facts({**slow, "last_step_at": at(limit - 10)}, record)) == []
+    late = {**slow, "last_step_at": at(limit + 10)}
+    assert [f["kind"] for f in dflash_findings(facts(late, record))] == ["hung"]
+    # Whether a step is due is what status.json's state_is says, whatever the state's name.
+    renamed = {**late, "state": "stepping", "state_is": ["alive", "stepping", "steps_due"]}
+    assert [f["kind"] for f in dflash_findings(facts(renamed, record))] == ["hung"]
+    saving = {**late, "state_is": ["alive", "training", "stepping"]}
+    assert dflash_findings(facts(saving, record)) == []
 
 
 def test_verify_shows_the_cache_the_trainer_runs_on_and_the_caches_set_aside():

@@ -152,7 +152,7 @@ def test_the_summary_carries_the_figures_and_what_each_check_looked_at():
     fastest = ref(1, "v1", 1250.0)
     summary = verify_summary(facts(now=100.0, fastest=fastest), 0.8)
     assert summary["trainer"] == {
-        "pid": 4242, "run_id": "r1", "state": "running", "step": 400,
+        "pid": 4242, "run_id": "r1", "state": "running", "state_is": None, "step": 400,
         "started_at": "2026-12-01T10:00:00+00:00", "age_s": 300.0, "heartbeat_age_s": 1.5,
         "job": None,
     }  # fmt: skip

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_findings import finding
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_judged import judged_trainer
-from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import STEPPING
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import state_is
 
 # The windows judged, as for a throughput drop: one busy window is not contention.
 WINDOWS = 3
@@ -34,7 +34,7 @@ def judge(status: dict, age_s: float | None, max_wait: float, after_s: float) ->
     view = {"shares": shares, "max_wait": max_wait, "judged": False, "contended": False}
     if max_wait >= 1:
         return dict(view, note="not judged: dflash_verify_max_cpu_wait is 1")
-    if status.get("state") not in STEPPING:
+    if not state_is(status, "stepping"):
         return dict(view, note=f"the trainer is {status.get('state') or 'without status.json'}")
     if age_s is None or age_s < after_s:
         return dict(

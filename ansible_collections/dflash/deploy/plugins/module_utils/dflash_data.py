@@ -11,10 +11,12 @@ from datetime import UTC, datetime
 
 SELF_GENERATED = "self_generated"
 STORE_MANIFEST = "manifest.json"
-STORE_FORMAT = "dflash-token-store"
-# What a history line and a diff keep of a store's manifest (its per-file table stays there).
-SUMMARY_KEYS = ("content_sha256", "samples", "tokens", "supervised_tokens", "lengths",
-                "max_token_id", "sources", "tokenizer", "settings", "created")  # fmt: skip
+# A store's manifest says which of its keys a run reports (`summary_keys`) and each file's size
+# (`bytes`), so a release that adds a key, an array or a dtype is followed without an edit here.
+# A store prepared by a release from before those fields (0.2.0 and older) is read as those
+# releases wrote it, frozen: they no longer change.
+BEFORE_SUMMARY_KEYS = ("content_sha256", "samples", "tokens", "supervised_tokens", "lengths",
+                       "max_token_id", "sources", "tokenizer", "settings", "created")  # fmt: skip
 
 
 def _mtime(path: str) -> str:
@@ -24,8 +26,9 @@ def _mtime(path: str) -> str:
 
 def read_data(path: str | None) -> dict:
     """The data at `path` on this machine: `kind` self_generated, store, jsonl, missing or
-    unreadable; a store with its manifest's summary and `problems` (arrays whose size is not
-    the manifest's), a JSONL file with its size and mtime."""
+    unreadable; a store with its manifest's summary, `problems` (arrays whose size is not
+    the manifest's) and its `format` and `version` (what a release reads is its own: preflight
+    holds them to it), a JSONL file with its size and mtime."""
     if not path or path == SELF_GENERATED:
         return {"kind": SELF_GENERATED}
     if os.path.isdir(path):
@@ -48,19 +51,45 @@ def _read_store(path: str) -> dict:
                 "error": f"no {STORE_MANIFEST}: not a prepared store"}  # fmt: skip
     except (OSError, ValueError) as exc:
         return {"kind": "unreadable", "path": path, "error": f"{STORE_MANIFEST}: {exc}"}
-    if not isinstance(manifest, dict) or manifest.get("format") != STORE_FORMAT:
+    arrays = manifest.get("arrays") if isinstance(manifest, dict) else None
+    if not isinstance(arrays, dict) or not arrays:
         return {"kind": "unreadable", "path": path,
-                "error": f"{STORE_MANIFEST} is not a {STORE_FORMAT} manifest"}  # fmt: skip
+                "error": f"{STORE_MANIFEST} has no arrays table: not a prepared store"}  # fmt: skip
     problems = []
-    for entry in (manifest.get("arrays") or {}).values():
+    for entry in arrays.values():
         file = os.path.join(path, str(entry.get("file")))
         size = os.path.getsize(file) if os.path.isfile(file) else None
-        # numpy's dtype string ends in the item size: "<i4", "|u1", "<i8".
-        want = int(entry.get("count", 0)) * int(str(entry.get("dtype", "x1"))[-1])
+        want = _bytes(entry)
         if size != want:
             problems.append(f"{entry.get('file')} holds {size} bytes, its manifest says {want}")
-    summary = {key: manifest[key] for key in SUMMARY_KEYS if key in manifest}
-    return {"kind": "store", "path": path, "manifest": summary, "problems": problems}
+    keys = manifest.get("summary_keys") or BEFORE_SUMMARY_KEYS
+    summary = {key: manifest[key] for key in keys if key in manifest}
+    return {"kind": "store", "path": path, "manifest": summary, "problems": problems,
+            "format": manifest.get("format"), "version": manifest.get("version")}  # fmt: skip
+
+
+def _bytes(entry: dict) -> int:
+    """An array file's size as its manifest says it; a manifest from before `bytes` gives the
+    count and numpy's dtype string, which ends in the item size ("<i4", "|u1", "<i8")."""
+    if "bytes" in entry:
+        return int(entry["bytes"])
+    return int(entry.get("count", 0)) * int(str(entry.get("dtype", "x1"))[-1])
+
+
+def store_refused(data: dict | None, store: dict | None) -> str:
+    """Why a release whose store format is `store` (its `python -m dflash.contracts`) would
+    refuse the store `data` (read_data) at start: another format or version; "" when it reads
+    it, or when either is unknown (not a store; a release from before its contracts)."""
+    if not data or data.get("kind") != "store" or not store:
+        return ""
+    found = (data.get("format"), data.get("version"))
+    wanted = (store.get("format"), store.get("version"))
+    if found == wanted:
+        return ""
+    return (
+        f"the store is {found[0]} version {found[1]}, the release reads {wanted[0]} version "
+        f"{wanted[1]}"
+    )
 
 
 def identity(data: dict | None) -> str:

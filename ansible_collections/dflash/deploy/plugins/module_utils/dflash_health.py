@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_state import read_json
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import state_is
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_throughput import WAIT_NOISE
 
 LOG_TAIL_LINES = 40
@@ -58,17 +59,17 @@ def wait_healthy(
         check()
         status = read_json(status_path) or status
         code = exit_code()
-        if code is None and status.get("state") == "failed":
+        if code is None and state_is(status, "failed"):
             # The supervisor lives on to restart it; it wrote how the trainer ended.
             code = status.get("exit_code")
-        if status.get("state") == "failed" or code is not None:
+        if state_is(status, "failed") or code is not None:
             raise LaunchError(
                 f"the trainer failed at start ({ended(code, status)}); last lines of "
                 f"{log_path}:\n{log_tail(log_path)}"
             )
         # Steps of this run: a trainer that resumed a checkpoint starts from its step.
         done = (status.get("step") or 0) - (status.get("resumed_from_step") or 0)
-        if status.get("state") == "running" and done >= steps:
+        if state_is(status, "stepping") and done >= steps:
             if status.get("code_tree_sha256") != tree:
                 raise LaunchError(
                     f"the trainer runs code tree {status.get('code_tree_sha256')}, but current "

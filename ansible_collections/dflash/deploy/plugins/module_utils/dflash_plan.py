@@ -14,7 +14,7 @@ from ansible_collections.dflash.deploy.plugins.module_utils.dflash_data import (
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_lines import last_deployment
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_procs import stopped
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_settings import setting_changes
-from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import TRAINING
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import state_is
 
 KEEP, START, RESTART = "keep", "start", "restart"
 
@@ -50,7 +50,7 @@ def trainer_plan(
             why.append("the trainer was started from another run.sh")
         if status.get("code_tree_sha256") != tree_sha256:
             why.append("the trainer's status.json names another code tree")
-        if status.get("state") not in TRAINING:
+        if not state_is(status, "training"):
             why.append(f"the trainer's status is {status.get('state') or 'unknown'}")
         moved = changed_under(status.get("data"), data_now)
         if moved:

@@ -9,10 +9,16 @@ from datetime import datetime
 
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_findings import finding
 from ansible_collections.dflash.deploy.plugins.module_utils.dflash_hints import restart_command
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import (
+    state_is,
+    supervisor_is,
+)
 
-# The supervisor's automatic hang limit (dflash/supervision/supervisor.py Policy.hang_limit).
-HANG_FLOOR_S = 300.0
-HANG_STEPS = 10
+# The hang limit is the supervisor's: supervisor.json says it (`hang_after_s`, the limit it
+# judges by now). A run without a supervisor.json (started by a release from before the
+# supervisor) is judged by the automatic limit of those days, frozen: max(10 steps, 300 s).
+BEFORE_HANG_FLOOR_S = 300.0
+BEFORE_HANG_STEPS = 10
 
 
 def _age(stamp: str | None, now: float) -> float | None:
@@ -30,6 +36,7 @@ def supervision_view(facts: dict) -> dict | None:
         return None
     return {
         "state": record.get("state"),
+        "state_is": record.get("state_is"),  # what the state means (dflash_states)
         "restarts": record.get("restarts") or {},
         "last_error": record.get("last_error"),
         "goodput": record.get("goodput"),
@@ -58,7 +65,7 @@ def supervision_line(view: dict | None) -> str | None:
         text += f" (last: {restarts.get('last_reason')} at {restarts.get('last_at')}, " + (
             f"first step {_seconds(back)} later)" if back is not None else "no step since)"
         )
-    if view["state"] in ("backoff", "hung", "crash_loop"):
+    if supervisor_is(view, "not_training"):
         text += f", now {view['state'].replace('_', ' ')}"
     good = view.get("goodput") or {}
     if good.get("ratio") is not None:
@@ -70,7 +77,7 @@ def supervision_line(view: dict | None) -> str | None:
 def _hang_limit(view: dict | None, status: dict) -> float:
     if view and view.get("hang_after_s"):
         return float(view["hang_after_s"])
-    return max(HANG_STEPS * (status.get("step_s_median") or 0.0), HANG_FLOOR_S)
+    return max(BEFORE_HANG_STEPS * (status.get("step_s_median") or 0.0), BEFORE_HANG_FLOOR_S)
 
 
 def down_finding(view: dict, log: str, run_id: str | None, now: float) -> dict:
@@ -98,7 +105,7 @@ def down_finding(view: dict, log: str, run_id: str | None, now: float) -> dict:
 def unsupervised(view: dict | None, processes: list[dict]) -> list[int]:
     """The pids of the run's trainers when its supervisor's process is no longer among them
     (killed, or dead of its own error) while it says it supervises; [] otherwise."""
-    if not view or not view.get("pid") or view["state"] not in ("running", "backoff", "hung"):
+    if not view or not view.get("pid") or not supervisor_is(view, "supervising"):
         return []
     pids = [p["pid"] for p in processes]
     return [] if not pids or view["pid"] in pids else sorted(pids)
@@ -116,7 +123,7 @@ def supervision_findings(facts: dict, now: float | None = None) -> list[dict]:
     log = f"runs/{run_id}/train.log"
     out = []
     processes = trainers.get("processes") or []
-    if view and view["state"] == "crash_loop" and not processes:
+    if view and supervisor_is(view, "gave_up") and not processes:
         policy = view.get("policy") or {}
         why = (
             f"the trainer kept failing: {policy.get('max_restarts')} restarts within "
@@ -135,7 +142,7 @@ def supervision_findings(facts: dict, now: float | None = None) -> list[dict]:
             )
         )
     # Only while the supervisor lives: a dead one starts nothing (not_running says so).
-    if view and view["state"] == "backoff" and processes:
+    if view and supervisor_is(view, "down") and processes:
         out.append(down_finding(view, log, run_id, now))
     gone = unsupervised(view, processes)
     if gone:
@@ -155,7 +162,7 @@ def supervision_findings(facts: dict, now: float | None = None) -> list[dict]:
     status = ours[0]["status"] if ours else {}
     idle = _age(status.get("last_step_at"), now)
     limit = _hang_limit(view, status)
-    if status.get("state") == "running" and idle is not None and idle > limit:
+    if state_is(status, "steps_due") and idle is not None and idle > limit:
         attempts = ((facts.get("trainers") or {}).get("supervisor") or {}).get("attempts") or []
         dumped = (attempts[-1] if attempts else {}).get("hang_dump")
         out.append(
