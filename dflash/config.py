@@ -76,6 +76,7 @@ class TrainConfig(StepConfig):
     status_interval: float  # seconds between status.json heartbeats
     log_every: int
     sleep_per_step: float  # developer flag: a slow release
+    sleep_in_checkpoint: float  # developer flag: a stuck checkpoint save
     init_from: str | None  # a drafter folder, as given (the log names it so)
     throughput_window: int  # steps that tokens_per_s and stages average over
 

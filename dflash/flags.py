@@ -276,6 +276,12 @@ def train_parser() -> argparse.ArgumentParser:
         help="developer flag: sleep this long after each step (a slow release)",
     )
     run.add_argument(
+        "--sleep-in-checkpoint",
+        type=nonneg_float,
+        default=0.0,
+        help="developer flag: sleep this long inside each checkpoint save (a stuck save)",
+    )
+    run.add_argument(
         "--target-random-init",
         action="store_true",
         help="developer flag: build --target-model's config.json with random weights "
@@ -343,7 +349,8 @@ def supervise_parser() -> argparse.ArgumentParser:
         type=hang_after,
         default="auto",
         help="seconds without a training step after which the trainer is hung, or auto: 10 "
-        "median steps, at least 300 (default auto)",
+        "median steps, at least 300; a checkpoint save is hung after this (auto: 900 s), or 10 "
+        "times the run's longest save if longer (default auto)",
     )
     return parser
 

@@ -101,7 +101,10 @@ def save_checkpoint(
     Whether it was saved: a full disk loses this checkpoint, not the run (the next one may
     find room again)."""
     started = time.monotonic()
-    status.write(state="checkpointing")
+    # When this save began: the supervisor judges a stuck save by it (its own limit).
+    status.write(state="checkpointing", checkpoint_started_at=utc_now())
+    if config.sleep_in_checkpoint:
+        time.sleep(config.sleep_in_checkpoint)
     extra: dict[str, Any] = {
         "drafter_config": trainer.drafter.cfg.as_dict(),
         "target_model": config.target_model,
@@ -115,13 +118,18 @@ def save_checkpoint(
         path = checkpoint.save(config.checkpoint_dir, trainer.step, payload)
     except checkpoint.CheckpointWriteError as exc:
         not_saved(trainer.step, exc, config, status, state_after, log)
-        status.write(state=state_after, checkpoint_seconds=seconds_spent(status, started))
+        status.write(
+            state=state_after,
+            checkpoint_seconds=seconds_spent(status, started),
+            checkpoint_save_s=round(time.monotonic() - started, 3),
+        )
         return False
     checkpoint.prune(config.checkpoint_dir, config.keep_checkpoints)
     status.write(
         state=state_after,
         checkpoint={"path": str(path), "step": trainer.step, "at": utc_now()},
         checkpoint_seconds=seconds_spent(status, started),
+        checkpoint_save_s=round(time.monotonic() - started, 3),
     )
     log(f"checkpoint {path}")
     return True

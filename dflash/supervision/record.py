@@ -28,6 +28,8 @@ SUPERVISOR_FILE = "supervisor.json"
 HISTORY_FILE = "history.jsonl"
 HANG_FLOOR_S = 300.0  # the automatic hang limit is never shorter (a slow step, a recompile)
 HANG_STEPS = 10  # ... nor shorter than this many median steps
+SAVE_FLOOR_S = 900.0  # a checkpoint save is hung after this with hang_after auto (slow storage)
+SAVE_TIMES = 10  # ... and never sooner than this many times the run's longest save
 # The fields of a restart's history.jsonl line (README "Supervision").
 RESTART_FIELDS = (
     "reason", "exit", "step", "checkpoint_step", "steps_lost", "down_s",
@@ -55,6 +57,12 @@ class Policy:
             return self.hang_after_s
         median = status.get("step_s_median") or 0.0
         return max(HANG_STEPS * median, HANG_FLOOR_S)
+
+    def save_limit(self, longest_save_s: float) -> float:
+        """How long a checkpoint save may run before the trainer is hung: the hang limit given
+        (auto: SAVE_FLOOR_S), or SAVE_TIMES the run's longest save so far if longer."""
+        floor = SAVE_FLOOR_S if self.hang_after_s is None else self.hang_after_s
+        return max(floor, SAVE_TIMES * longest_save_s)
 
     def backoff(self, failures: int) -> float:
         """The wait before a restart after `failures` quick failures in a row (1: the first)."""
@@ -95,6 +103,7 @@ class RunRecord:
         self.restarts: list[dict[str, Any]] = []
         self.state = "starting"
         self.last_error: str | None = None
+        self.longest_save_s = 0.0  # of every attempt's checkpoint saves: the save limit's base
         # When a back-off ends and the next start is made (epoch s; None outside one).
         self.backoff_until: float | None = None
 
@@ -130,6 +139,7 @@ class RunRecord:
         for key in copied:
             attempt[key] = status.get(key)
         attempt["resumed_from_step"] = status.get("resumed_from_step") or 0
+        self.longest_save_s = max(self.longest_save_s, status.get("checkpoint_save_s") or 0.0)
         saved = status.get("checkpoint") or {}
         attempt["checkpoint_step"] = saved.get("step") or 0
         attempt["checkpoint_at"] = saved.get("at")  # only a checkpoint this attempt saved
@@ -276,6 +286,7 @@ class RunRecord:
                 "started_at": utc_text(self.started),
                 "policy": asdict(self.policy),
                 "hang_after_s": self.policy.hang_limit(read_status(self.status_path)),
+                "save_limit_s": self.policy.save_limit(self.longest_save_s),
                 "restarts": {
                     "count": len(self.restarts),
                     "in_window": self.recent_restarts(),

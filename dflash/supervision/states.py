@@ -10,16 +10,17 @@ from typing import Any
 # Each state of the trainer and what it means: `alive` (it beats its heartbeat),
 # `training` (compiling its step or stepping: a deploy keeps it), `stepping` (past its first
 # optimizer step: its tokens/s can be judged), `steps_due` (a step is due within the hang
-# limit; a checkpoint or a compile may take longer), `failed`.
+# limit; a checkpoint or a compile may take longer), `saving` (a checkpoint save runs: it is
+# due to end within the save limit), `failed`.
 STATES: dict[str, tuple[str, ...]] = {
     "starting": ("alive",),
     "warming": ("alive", "training"),
     "running": ("alive", "training", "stepping", "steps_due"),
-    "checkpointing": ("alive", "training", "stepping"),
+    "checkpointing": ("alive", "training", "stepping", "saving"),
     "stopped": (),
     "failed": ("failed",),
 }
-MEANINGS = ("alive", "training", "stepping", "steps_due", "failed")
+MEANINGS = ("alive", "training", "stepping", "steps_due", "saving", "failed")
 
 
 def state_fields(state: str) -> dict[str, Any]:

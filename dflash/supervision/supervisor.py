@@ -157,19 +157,34 @@ class Supervisor:
         attempt["pid"] = proc.pid
         return proc
 
-    def hung(self, status: dict[str, Any]) -> float | None:
-        """Seconds since the last step when that is past the hang limit, else None."""
+    def hung(self, status: dict[str, Any]) -> str | None:
+        """What the trainer failed to do in time, when it is hung: no step within the hang
+        limit while one is due, or a checkpoint save past the save limit; else None. Compiles
+        are not judged (they may be long)."""
         if status.get("attempt", 0) != self.record.attempts[-1]["attempt"]:
             return None
-        if not state_is(status, "steps_due"):  # compiles and checkpoints may be long
+        if state_is(status, "steps_due"):
+            since, limit = status.get("last_step_at"), self.policy.hang_limit(status)
+        elif state_is(status, "saving"):
+            since = status.get("checkpoint_started_at")
+            limit = self.policy.save_limit(self.record.longest_save_s)
+        else:
             return None
         self.note_full_disk()
         # A full disk stops status.json, not the trainer (dflash/supervision/status.py): the
-        # steps it
-        # cannot report are no sign of a hang, so idle time counts from when it had room.
-        last = max(epoch(status.get("last_step_at")) or 0.0, self.full_disk_at, self.thawed_at)
+        # steps it cannot report are no sign of a hang, so idle time counts from when it had
+        # room.
+        last = max(epoch(since) or 0.0, self.full_disk_at, self.thawed_at)
         idle = time.time() - last if last else 0.0
-        return idle if idle > self.policy.hang_limit(status) else None
+        if idle <= limit:
+            return None
+        step = status.get("step")
+        if state_is(status, "steps_due"):
+            return f"no step for {idle:.0f} s (step {step}, limit {limit:.0f} s)"
+        return (
+            f"the checkpoint save at step {step} has run {idle:.0f} s (limit {limit:.0f} s; "
+            f"the run's longest save {self.record.longest_save_s:g} s)"
+        )
 
     def note_full_disk(self) -> None:
         try:
@@ -194,13 +209,12 @@ class Supervisor:
             self.thawed_at = now
         return now
 
-    def kill_hung(self, proc: subprocess.Popen[bytes], idle: float, status: dict[str, Any]) -> None:
+    def kill_hung(self, proc: subprocess.Popen[bytes], why: str) -> None:
         tree = [proc.pid, *descendants(proc.pid)]
         trainers = [pid for pid in tree if is_trainer(pid)]
         log(
-            f"hung: no step for {idle:.0f} s (step {status.get('step')}, limit "
-            f"{self.policy.hang_limit(status):.0f} s); the Python stacks of pids {trainers} follow "
-            "in this log, then the trainer is killed"
+            f"hung: {why}; the Python stacks of pids {trainers} follow in this log, then the "
+            "trainer is killed"
         )
         self.record.state = "hung"
         self.record.attempts[-1]["hang_dump"] = str(self.record.run_dir / "train.log")
@@ -227,11 +241,11 @@ class Supervisor:
                 continue
             status = read_status(self.record.status_path)
             self.record.observe(status)
-            if not self.stop.is_set() and (idle := self.hung(status)):
+            if not self.stop.is_set() and (why := self.hung(status)):
                 # A freeze that began after this poll's first look is no hang either.
                 thawed_at, polled = self.thawed_at, self.note_gap(polled)
                 if self.thawed_at == thawed_at:
-                    self.kill_hung(proc, idle, status)
+                    self.kill_hung(proc, why)
                     reason = "hung"
             if time.monotonic() - last_save > SAVE_EVERY_S:
                 self.record.save()

@@ -21,10 +21,12 @@ from ansible_collections.dflash.deploy.plugins.module_utils.dflash_hints import 
     redeploy_command,
     restart_command,
 )
+from ansible_collections.dflash.deploy.plugins.module_utils.dflash_states import state_is
 from tests.deployed.state import REPO, Target
 
-# A periodic checkpoint is part of a healthy run; starting/warming is not healthy yet.
-RUNNING = ("running", "checkpointing")
+# A periodic checkpoint is part of a healthy run, starting or warming is not healthy yet: what
+# status.json's state means (`stepping`, dflash_states), whatever the release calls it.
+STEPPING = "stepping"
 
 
 def restart(state: Target) -> str:
@@ -266,11 +268,11 @@ def test_trainer_state_is_running(state: Target) -> None:
     problems = []
     for group in the_trainers(state):
         status = status_of(group)
-        if status.get("state") not in RUNNING:
+        if not state_is(status, STEPPING):
             problems.append(
                 says(
                     f"{state.name}: state of trainer pid {group[0]['pid']}",
-                    " or ".join(RUNNING),
+                    "a state that steps (state_is: stepping, as running and checkpointing do)",
                     f"{status.get('state', 'no status.json')} at step {status.get('step')}",
                     f"read runs/{group[0]['run_id']}/train.log, then {restart(state)}",
                 )

@@ -146,6 +146,26 @@ def test_a_hung_trainer_has_its_stacks_dumped_and_is_restarted(supervised):
     assert record["goodput"]["badput_s"]["hang"] >= 4
 
 
+def test_a_checkpoint_save_that_never_ends_is_a_hang_and_restarted(supervised):
+    """A save stuck in its storage (a dead NFS server) keeps the heartbeat beating and makes no
+    step: judged by the save limit (--hang-after given, or 10 times the run's longest save)."""
+    stuck = [*TRAINER, "--sleep-in-checkpoint", "3600"]
+    run = supervised("--backoff 1 --hang-after 4", stuck)
+    saving = run.status(lambda s: s.get("attempt") == 0 and s.get("state") == "checkpointing")
+    assert saving["state_is"] == ["alive", "training", "stepping", "saving"]
+    assert saving["checkpoint_started_at"]
+    back = run.status(lambda s: s.get("attempt") == 1, timeout=180)
+    assert back["pid"] != saving["pid"]
+    log = run.text()
+    assert f"supervisor: hung: the checkpoint save at step {saving['step']} has run " in log
+    dump = log.split("supervisor: hung:")[1]
+    assert "in save_checkpoint" in dump  # faulthandler's stacks: inside the save
+    record = run.record()
+    assert record["attempts"][0]["end_reason"] == "hung"
+    assert record["save_limit_s"] == 4.0  # no save has ended yet: the hang limit given
+    assert_goodput_adds_up(record)
+
+
 def test_a_trainer_failing_at_every_start_ends_in_a_crash_loop(supervised):
     # GPUs 0 and 1 as target and drafter: no such GPUs here (CUDA missing, or one GPU).
     broken = [*FAST, "--max-steps", "10", "--target-gpus", "0", "--drafter-gpus", "1"]
@@ -374,3 +394,13 @@ def test_the_back_off_doubles_for_failures_in_a_row_and_starts_anew_after_a_long
     assert [record.policy.backoff(n) for n in (1, 2, 3, 4, 9)] == [10, 20, 40, 80, 300]
     record.attempts.append({"started": 1100, "ended": 1500, "end_reason": "crash"})
     assert record.quick_failures() == 1  # a crash a day waits the first back-off
+
+
+def test_the_save_limit_is_the_hang_limit_given_or_ten_longest_saves():
+    given = Policy(max_restarts=5, window_s=3600.0, backoff_s=1.0, backoff_max_s=60.0,
+                   hang_after_s=30.0)  # fmt: skip
+    auto = Policy(max_restarts=5, window_s=3600.0, backoff_s=1.0, backoff_max_s=60.0,
+                  hang_after_s=None)  # fmt: skip
+    assert given.save_limit(0.0) == 30.0 and given.save_limit(12.0) == 120.0
+    # auto: a first save on slow storage gets 15 minutes, a run whose saves take 2 min 20.
+    assert auto.save_limit(0.0) == 900.0 and auto.save_limit(120.0) == 1200.0
