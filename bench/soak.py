@@ -63,11 +63,16 @@ from tests.integration.conftest import (  # noqa: E402
 
 FAULTS = ("kill_trainer", "hang", "kill_supervisor", "redeploy", "new_release", "rollback",
           "kill_deploy", "torn_history", "trainer_json_removed", "data_prepared_again",
-          "disk_full", "rollback_in_backoff", "kill_in_health_wait")  # fmt: skip
+          "disk_full", "rollback_in_backoff", "kill_in_health_wait",
+          "hang_in_checkpoint")  # fmt: skip
+# The trainer's own faults, which its supervisor restarts: the restart line's reason.
+RESTARTED = {"kill_trainer": "signal SIGKILL", "hang": "hung", "hang_in_checkpoint": "hung"}
 # What a verify may name while a fault of this kind is open (not yet recovered).
 EXPECTS = {
     "kill_trainer": ["trainer_down", "heartbeat_stale"],
     "hang": ["hung", "heartbeat_stale", "trainer_down"],
+    # Frozen inside a save: no step is due, so not `hung`; its heartbeat stops.
+    "hang_in_checkpoint": ["heartbeat_stale", "trainer_down"],
     "kill_supervisor": ["supervisor_gone"],
     "torn_history": ["history"],
     "trainer_json_removed": ["trainer_record"],
@@ -86,7 +91,8 @@ BY_A_PERSON = ("kill_supervisor", "torn_history", "trainer_json_removed", "data_
 TMPFS_SIZE = "6g"
 RESERVE_MB = 256
 MB = 1 << 20
-TRAINER = {"target_model": "tiny", "checkpoint_every": 20,
+# A save of the tiny drafter takes milliseconds: half a second more lets the soak catch one.
+TRAINER = {"target_model": "tiny", "checkpoint_every": 20, "sleep_in_checkpoint": 0.5,
            "sleep_per_step": 0.2, "status_interval": 1}  # fmt: skip
 # Steps the trainer may make between the soak's last look at status.json and the kill.
 STEP_SLACK = int(TRAINER["status_interval"] / TRAINER["sleep_per_step"]) + 2
@@ -311,13 +317,17 @@ class Soak:
 
     def inject(self, kind: str) -> None:
         self.injected_at = self.now()
+        if kind in (*RESTARTED, "rollback_in_backoff"):
+            self.wait(self.target.stepping, 10)  # a checkpoint save of its own ends first
         status = self.target.status()
         args = self.args
         audit_bound = args.verify_every_s + 600  # the next audit, then its hint
-        if kind in ("kill_trainer", "hang", "rollback_in_backoff") and not self.target.stepping():
+        if kind in (*RESTARTED, "rollback_in_backoff") and not self.target.stepping():
             self.say(f"{kind} skipped: no trainer steps ({status.get('state')})")
-        elif kind in ("kill_trainer", "hang"):
-            bound = args.backoff_max_s + 180 + (args.hang_after if kind == "hang" else 0)
+        elif kind == "hang_in_checkpoint" and not (status := self.target.saving(60)):
+            self.say(f"{kind} skipped: no checkpoint save began within 60 s")
+        elif kind in RESTARTED:
+            bound = args.backoff_max_s + 180 + (args.hang_after if kind != "kill_trainer" else 0)
             self.fault(
                 kind, bound, pid=status.get("pid"), attempt=status.get("attempt", 0),
                 step_at_kill=status.get("step", 0), history_at=len(self.target.history()),
@@ -367,9 +377,9 @@ class Soak:
         """Restart lines name crashes and hangs; a stepping trainer of a later attempt is their
         recovery. Then whatever the audits since the last look named."""
         for fault in self.open_faults():
-            if fault["kind"] not in ("kill_trainer", "hang"):
+            if fault["kind"] not in RESTARTED:
                 continue
-            reason = "signal SIGKILL" if fault["kind"] == "kill_trainer" else "hung"
+            reason = RESTARTED[fault["kind"]]
             lines = [
                 x for x in self.target.restart_lines(fault["history_at"]) if x["reason"] == reason
             ]

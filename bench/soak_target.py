@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,17 @@ class Target:
             if good and record.get("release") != current and record.get("action") in (
                 "deploy", "rollback"):  # fmt: skip
                 return record["release"]
+        return None
+
+    def saving(self, within_s: float) -> dict[str, Any] | None:
+        """status.json of a trainer caught inside a checkpoint save within `within_s`, or None."""
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            status = self.status()
+            pid = status.get("pid")
+            if state_is(status, "saving") and pid and os.path.exists(f"/proc/{pid}"):
+                return status
+            time.sleep(0.05)
         return None
 
     def stepping(self, attempt_over: int = -1, release: str | None = None) -> bool:
