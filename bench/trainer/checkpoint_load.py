@@ -1,9 +1,9 @@
 """How long a restart takes to load its checkpoint, read against mapped (dflash/resume.py).
 
-Default shape: the Qwen3-8B-shaped drafter of drafter_step.py with its fused AdamW state, one
-checkpoint saved by dflash.checkpoint (what a restart finds: ~12 GB, in the page cache the save
-left). Each round loads it both ways, in turns, and puts it on the device as a resume does
-(load_latest, then the drafter's and the optimizer's load_state_dict):
+Default shape: the Qwen3-8B-shaped drafter of drafter_step.py (its shape flags) with its fused
+AdamW state, one checkpoint saved by dflash.checkpoint (what a restart finds: ~12 GB, in the
+page cache the save left). Each round loads it both ways, in turns, and puts it on the device
+as a resume does (load_latest, then the drafter's and the optimizer's load_state_dict):
 
     python bench/trainer/checkpoint_load.py [--rounds 3] [--cpu --hidden 256 ...]
 
@@ -25,20 +25,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
 
+from drafter_step import add_shape_args, shaped_drafter  # beside this file
+
 from dflash import checkpoint
-from dflash.model import DrafterConfig
-from dflash.options import build_drafter
 
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--intermediate", type=int, default=12288)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--vocab", type=int, default=151936)
-    p.add_argument("--layers", type=int, default=5)
+    add_shape_args(p)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--folder", help="where the checkpoint goes (default: a temp folder)")
     p.add_argument("--cpu", action="store_true")
@@ -49,14 +43,7 @@ def main() -> None:
     args = parse()
     device = torch.device("cpu" if args.cpu else "cuda:0")
     dtype = torch.float32 if args.cpu else torch.bfloat16
-    cfg = DrafterConfig(
-        hidden_size=args.hidden, intermediate_size=args.intermediate, num_layers=args.layers,
-        num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
-        rms_norm_eps=1e-6, rope_theta=1e6, vocab_size=args.vocab, num_features=5,
-        block_size=16, mask_token_id=args.vocab - 1, init_std=0.02,
-    )  # fmt: skip
-    frozen = torch.randn(2, args.vocab, args.hidden, dtype=dtype, device=device) * 0.02
-    drafter = build_drafter(cfg, frozen[0], frozen[1], device, seed=0)
+    _, drafter = shaped_drafter(args, device, dtype)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-4, fused=not args.cpu)
     for param in drafter.parameters():
         param.grad = torch.zeros_like(param)

@@ -35,8 +35,8 @@ from dflash.pipeline import FeatureBatch
 from dflash.step import DrafterStep
 
 
-def parse() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_shape_args(p: argparse.ArgumentParser) -> None:
+    """The drafter's shape (default: Qwen3-8B's); checkpoint_load.py shares it."""
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--intermediate", type=int, default=12288)
     p.add_argument("--heads", type=int, default=32)
@@ -46,6 +46,34 @@ def parse() -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=5)
     p.add_argument("--features", type=int, default=5)
     p.add_argument("--block-size", type=int, default=16)
+
+
+def shaped_drafter(
+    args: argparse.Namespace, device: torch.device, dtype: torch.dtype
+) -> tuple[DrafterConfig, torch.nn.Module]:
+    """The drafter of `add_shape_args`' shape, with random frozen embedding and lm_head."""
+    cfg = DrafterConfig(
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        rms_norm_eps=1e-6,
+        rope_theta=1e6,
+        vocab_size=args.vocab,
+        num_features=args.features,
+        block_size=args.block_size,
+        mask_token_id=args.vocab - 1,
+        init_std=0.02,
+    )
+    frozen = torch.randn(2, args.vocab, args.hidden, dtype=dtype, device=device) * 0.02
+    return cfg, build_drafter(cfg, frozen[0], frozen[1], device, seed=0)
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_shape_args(p)
     p.add_argument("--anchors", type=int, default=512)
     p.add_argument("--seq-len", type=int, default=3072)
     p.add_argument("--rows", type=int, default=1)
@@ -88,23 +116,7 @@ def main() -> None:
     args = parse()
     device = torch.device("cpu" if args.cpu else "cuda:0")
     dtype = torch.float32 if args.cpu else torch.bfloat16
-    cfg = DrafterConfig(
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_layers=args.layers,
-        num_heads=args.heads,
-        num_kv_heads=args.kv_heads,
-        head_dim=args.head_dim,
-        rms_norm_eps=1e-6,
-        rope_theta=1e6,
-        vocab_size=args.vocab,
-        num_features=args.features,
-        block_size=args.block_size,
-        mask_token_id=args.vocab - 1,
-        init_std=0.02,
-    )
-    frozen = torch.randn(2, args.vocab, args.hidden, dtype=dtype, device=device) * 0.02
-    drafter = build_drafter(cfg, frozen[0], frozen[1], device, seed=0)
+    cfg, drafter = shaped_drafter(args, device, dtype)
     step = DrafterStep(drafter, gamma=7.0, num_anchors=args.anchors, compile=args.compile)
     optimizer = torch.optim.AdamW(
         drafter.parameters(), lr=1e-4, weight_decay=0.0, fused=not args.cpu
