@@ -27,6 +27,12 @@ from tests.helpers import (
     seed_target,
 )
 
+# Before torch loads OpenMP (pytest_configure imports it): idle OpenMP threads sleep instead of
+# spinning, as in the trainer (dflash/__init__.py). The trainer's tests run steps in the pytest
+# worker itself, three workers on two cores: spinning threads took twice the CPU
+# (tests/trainer/test_learning.py: 49 CPU-s against 24).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 DEPLOYED_SUITE = Path(__file__).resolve().parent / "deployed"
 SHARED = "ansible_collections.dflash.deploy.plugins.module_utils"
 MODULE_UTILS = REPO / "ansible_collections" / "dflash" / "deploy" / "plugins" / "module_utils"
