@@ -73,10 +73,10 @@ lint: venv
 	@# Every module renders in ansible-doc and documents exactly its argument_spec. The field's
 	@# tool, ansible-test sanity --test validate-modules, needs a collection layout and fetches
 	@# its own requirements; this is the same contract, checked on the repository as it is.
-	pytest -q -p no:cacheprovider tests/unit/test_module_docs.py
 	@# The same for connection_plugins/: ansible-doc -t connection renders each one, and
-	@# dflash_pct keeps every option of community.proxmox.proxmox_pct_remote.
-	pytest -q -p no:cacheprovider tests/unit/test_connection_docs.py
+	@# dflash_pct keeps every option of community.proxmox.proxmox_pct_remote. (One pytest run,
+	@# which imports no torch: tests/conftest.py DOCS_TESTS.)
+	pytest -q -p no:cacheprovider tests/unit/test_module_docs.py tests/unit/test_connection_docs.py
 	@# One ansible-playbook for all of them (one start instead of one each: ~35 s less on a
 	@# loaded 2-core machine); a bad one is named in its error.
 	ansible-playbook --syntax-check $(PLAYBOOKS) >/dev/null

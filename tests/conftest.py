@@ -34,6 +34,11 @@ from tests.helpers import (
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 DEPLOYED_SUITE = Path(__file__).resolve().parent / "deployed"
+# What `make lint` runs of the suite: the modules' and connection plugins' docs, no torch.
+DOCS_TESTS = tuple(
+    Path(__file__).resolve().parent / "unit" / name
+    for name in ("test_module_docs.py", "test_connection_docs.py")
+)
 SHARED = "ansible_collections.dflash.deploy.plugins.module_utils"
 MODULE_UTILS = REPO / "ansible_collections" / "dflash" / "deploy" / "plugins" / "module_utils"
 
@@ -54,11 +59,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # (imported by the trainer) refuses to load after that. Loading it first (before any test
     # module is collected) keeps one pytest run able to hold both. The deployed-state suite run
     # on its own (`pytest tests/deployed --inventory FILE`, a user's CI) needs no torch: it is
-    # spared the ~3 s import.
+    # spared the ~3 s import, and so is `make lint`'s run of DOCS_TESTS.
     paths = [
         (config.invocation_params.dir / str(arg).split("::")[0]).resolve() for arg in config.args
     ]
-    if paths and all(p == DEPLOYED_SUITE or DEPLOYED_SUITE in p.parents for p in paths):
+    if paths and all(
+        p == DEPLOYED_SUITE or DEPLOYED_SUITE in p.parents or p in DOCS_TESTS for p in paths
+    ):
         _import_the_shared_code()
         return
     with contextlib.suppress(ImportError):
