@@ -197,16 +197,40 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             # 10-minute test. The whole queue exists before the first unit is handed out;
             # only its order changes (each worker's collection, which xdist indexes, does not).
             if not getattr(self, "ordered", False):
-                self.workqueue = OrderedDict(
-                    sorted(self.workqueue.items(), key=lambda unit: -scope_seconds(unit[1]))
-                )
+                self.workqueue = OrderedDict(work_order(self.workqueue, seconds))
                 self.ordered = True
             super()._assign_work_unit(node)
 
-    def scope_seconds(work_unit: dict[str, bool]) -> float:
-        return sum(seconds.get(nodeid, unmeasured_seconds(nodeid)) for nodeid in work_unit)
-
     return ByNeed(config, log)
+
+
+# Tests whose `playbook` fixture waits for the local envs one worker builds (`local_envs`).
+NEEDS_LOCAL_ENVS = ("tests/integration/", "tests/deployed/")
+
+
+def work_order(
+    units: dict[str, dict[str, bool]], seconds: dict[str, float]
+) -> list[tuple[str, dict[str, bool]]]:
+    """xdist's work units (scope: {test id: done}), longest first by their tests' measured
+    seconds, except that the longest unit needing no local envs comes right after the first
+    one needing them: the first worker to take a deploying test builds the envs (~2.5 min in
+    a whole run), and the next one starts on that unit instead of waiting for them."""
+
+    def unit_seconds(unit: tuple[str, dict[str, bool]]) -> float:
+        return sum(seconds.get(nodeid, unmeasured_seconds(nodeid)) for nodeid in unit[1])
+
+    def needs_envs(unit: tuple[str, dict[str, bool]]) -> bool:
+        return any(nodeid.startswith(NEEDS_LOCAL_ENVS) for nodeid in unit[1])
+
+    order = sorted(units.items(), key=unit_seconds, reverse=True)
+    first_deploying = next((i for i, unit in enumerate(order) if needs_envs(unit)), None)
+    free = next(
+        (i for i, unit in enumerate(order) if not needs_envs(unit) and unit[0] != "testbed"),
+        None,
+    )
+    if first_deploying is not None and free is not None and free > first_deploying:
+        order.insert(first_deploying + 1, order.pop(free))
+    return order
 
 
 # Seconds of each test in a measured whole run (bench/suite_durations.py --write-seconds writes
