@@ -149,6 +149,8 @@ def target_root(tmp_path: Path) -> Path:
 # (pytest_collection_modifyitems holds both ways). See pytest_xdist_make_scheduler.
 BED_TESTS = "tests/proxmox/"
 BED_FIXTURE = "proxmox_testbed"
+# The one work unit that holds every bed test (one bed comes up, on one worker).
+BED_SCOPE = "testbed"
 # Modules of many short tests that share module-scoped fixtures (a warmed compile cache, a
 # trained checkpoint, the bad-input cases' deployed target): a module goes to one worker, so
 # each such fixture is made once.
@@ -186,7 +188,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     class ByNeed(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(BED_TESTS):
-                return "testbed"
+                return BED_SCOPE
             if nodeid.startswith(WHOLE_MODULES):
                 return nodeid.split("::", 1)[0]
             return nodeid
@@ -225,7 +227,7 @@ def work_order(
     order = sorted(units.items(), key=unit_seconds, reverse=True)
     first_deploying = next((i for i, unit in enumerate(order) if needs_envs(unit)), None)
     free = next(
-        (i for i, unit in enumerate(order) if not needs_envs(unit) and unit[0] != "testbed"),
+        (i for i, unit in enumerate(order) if not needs_envs(unit) and unit[0] != BED_SCOPE),
         None,
     )
     if first_deploying is not None and free is not None and free > first_deploying:
@@ -240,7 +242,7 @@ DURATIONS_FILE = Path(__file__).resolve().parent / "durations.json"
 
 
 def unmeasured_seconds(nodeid: str) -> float:
-    if nodeid.startswith(("tests/integration/", "tests/deployed/")):
+    if nodeid.startswith(NEEDS_LOCAL_ENVS):
         return 60.0  # a test that deploys
     return 30.0 if nodeid.startswith(BED_TESTS) else 0.5
 
